@@ -1,0 +1,46 @@
+# Keyturn: `make serve` to run it, `make test` to test it. Both create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install serve test test-fast test-db lint format schema clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Keyturn needs Python 3.11 or newer")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+serve: install
+	$(VENV)/bin/keyturn serve --host $(HOST) --port $(PORT)
+
+# The whole suite; the database is the embedded PostgreSQL unless
+# KEYTURN_TEST_DATABASE_URL names another server.
+test: install
+	$(VENV)/bin/pytest
+
+# The database-facing tests only (what CI repeats against a second PostgreSQL).
+test-db: install
+	$(VENV)/bin/pytest tests/integration tests/acceptance
+
+lint: install
+	$(VENV)/bin/ruff check keyturn tests
+	$(VENV)/bin/ruff format --check keyturn tests
+	$(VENV)/bin/mypy
+
+format: install
+	$(VENV)/bin/ruff format keyturn tests
+	$(VENV)/bin/ruff check --fix keyturn tests
+
+# Rewrites schema.graphql from the code (a test fails when the two drift).
+schema: install
+	$(VENV)/bin/strawberry export-schema keyturn.schema:schema --output schema.graphql
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-artifacts

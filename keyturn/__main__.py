@@ -1,0 +1,3 @@
+from keyturn.cli import main
+
+main()

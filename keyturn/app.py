@@ -1,0 +1,90 @@
+"""The ASGI application: /graphql (HTTP, WebSocket, GraphiQL) and /healthz."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import text
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from strawberry.asgi import GraphQL
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
+
+from keyturn.db.engine import create_engine
+from keyturn.resolvers.context import Context
+from keyturn.runtime.service import Runtime
+from keyturn.schema import schema
+from keyturn.settings import Settings
+
+log = logging.getLogger("keyturn.app")
+
+
+class KeyturnGraphQL(GraphQL[Context, None]):
+    def __init__(self, runtime_ref: dict[str, Runtime], **kwargs: Any) -> None:
+        super().__init__(schema, **kwargs)
+        self._runtime_ref = runtime_ref
+
+    async def get_context(self, request: Any, response: Any = None) -> Context:
+        return Context(runtime=self._runtime_ref["runtime"], request=request, response=response)
+
+
+def resolve_database_url(settings: Settings) -> str:
+    """The configured URL, or the embedded server's (started if need be)."""
+    if settings.database_url:
+        return settings.database_url
+    from keyturn.db import embedded
+
+    url, _handle = embedded.start(settings.data_dir)
+    return url
+
+
+def create_app(settings: Settings | None = None, *, database_url: str | None = None) -> Starlette:
+    settings = settings or Settings()
+    state: dict[str, Runtime] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        url = database_url or resolve_database_url(settings)
+        engine = create_engine(url, pool_size=settings.pool_size)
+        runtime = Runtime(engine=engine, settings=settings, database_url=url)
+        await runtime.start()
+        state["runtime"] = runtime
+        try:
+            yield
+        finally:
+            await runtime.stop()
+            await engine.dispose()
+
+    graphql_app = KeyturnGraphQL(
+        state,
+        graphql_ide="graphiql" if settings.graphiql else None,
+        subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL),
+        connection_init_wait_timeout=timedelta(seconds=10),
+        allow_queries_via_get=False,
+    )
+
+    async def healthz(_request: Request) -> Response:
+        runtime = state.get("runtime")
+        if runtime is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        try:
+            async with runtime.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        except Exception:
+            return JSONResponse({"status": "database unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok", "owner": runtime.owner})
+
+    return Starlette(
+        routes=[
+            Route("/graphql", graphql_app),
+            WebSocketRoute("/graphql", graphql_app),
+            Route("/healthz", healthz),
+        ],
+        lifespan=lifespan,
+    )

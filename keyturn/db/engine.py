@@ -1,0 +1,100 @@
+"""The async engine (SQLAlchemy over asyncpg) and the URL forms it accepts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+import asyncpg
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from keyturn.errors import DatabaseUnavailable, OutcomeUnknown
+
+T = TypeVar("T")
+
+
+def sqlalchemy_url(url: str) -> str:
+    """``postgresql://…`` (what people paste) → the asyncpg driver form."""
+    u = make_url(url)
+    return u.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+
+
+def asyncpg_dsn(url: str) -> str:
+    """Any accepted form → a plain libpq-style DSN for asyncpg.connect()."""
+    u = make_url(url)
+    return u.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    return create_async_engine(
+        sqlalchemy_url(url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=False,
+        # Connections that died (server restart, pg_terminate_backend) are
+        # replaced on the next checkout instead of failing forever.
+        pool_recycle=3600,
+        connect_args={"server_settings": {"application_name": "keyturn"}},
+    )
+
+
+# SQLSTATE classes that mean "the server or the connection went away".
+_UNAVAILABLE_CLASSES = ("08", "57P", "53")
+
+
+def sqlstate_of(error: BaseException) -> str | None:
+    orig = getattr(error, "orig", None)
+    for candidate in (orig, getattr(orig, "__cause__", None), error):
+        state = getattr(candidate, "sqlstate", None)
+        if state:
+            return str(state)
+    return None
+
+
+def is_unavailable(error: BaseException) -> bool:
+    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
+        return True
+    if isinstance(
+        error, OSError | ConnectionError | asyncpg.exceptions.ConnectionDoesNotExistError
+    ):
+        return True
+    orig = getattr(error, "orig", None)
+    if isinstance(getattr(orig, "__cause__", None), OSError | ConnectionError):
+        return True
+    state = sqlstate_of(error)
+    return state is not None and state.startswith(_UNAVAILABLE_CLASSES)
+
+
+@asynccontextmanager
+async def connect(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A pooled connection in autocommit mode: each statement is its own
+    transaction, which is one round trip for the single-statement writes."""
+    try:
+        async with engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield conn
+    except (sa_exc.DBAPIError, OSError, ConnectionError) as error:
+        if is_unavailable(error):
+            raise DatabaseUnavailable() from error
+        raise
+
+
+async def with_connection(engine: AsyncEngine, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    async with connect(engine) as conn:
+        return await fn(conn)
+
+
+__all__ = [
+    "DatabaseUnavailable",
+    "OutcomeUnknown",
+    "asyncpg_dsn",
+    "connect",
+    "create_engine",
+    "is_unavailable",
+    "sqlalchemy_url",
+    "sqlstate_of",
+    "with_connection",
+]

@@ -1,0 +1,157 @@
+"""Wake-ups between processes: PostgreSQL LISTEN/NOTIFY on one dedicated connection.
+
+A notification carries only session ids; the events table stays the truth, and
+whoever is woken re-reads it. Notifications are sent after the writing
+transaction has committed, from this same connection, and coalesced: while one
+NOTIFY is in flight, the ids that arrive meanwhile wait and go out together.
+That keeps the global notify lock out of admission's commits and sends one
+NOTIFY per burst rather than one per event.
+
+The connection is not pooled (a pool resets listeners on release). When it
+drops, it is opened again, LISTEN is issued again, and ``on_reconnect`` runs so
+that the caller can re-read from every cursor it holds: anything committed
+while nobody listened is found that way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import asyncpg
+
+log = logging.getLogger("keyturn.listener")
+
+CHANNEL = "keyturn_events"
+# NOTIFY payloads must stay under 8000 bytes; a UUID and a comma are 37.
+_MAX_PAYLOAD = 7900
+
+
+def _chunks(ids: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    current: list[str] = []
+    size = 0
+    for sid in ids:
+        if size + len(sid) + 1 > _MAX_PAYLOAD and current:
+            out.append(",".join(current))
+            current, size = [], 0
+        current.append(sid)
+        size += len(sid) + 1
+    if current:
+        out.append(",".join(current))
+    return out
+
+
+class Listener:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        on_wake: Callable[[uuid.UUID], None],
+        on_reconnect: Callable[[], None],
+        health_check_s: float = 5.0,
+    ) -> None:
+        self._dsn = dsn
+        self._on_wake = on_wake
+        self._on_reconnect = on_reconnect
+        self._health_check_s = health_check_s
+        self._conn: Any = None
+        self._lost = asyncio.Event()
+        self._pending: set[str] = set()
+        self._has_pending = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.connected = asyncio.Event()
+        self.reconnects = 0
+
+    async def start(self) -> None:
+        await self._connect()
+        self._tasks = [
+            asyncio.create_task(self._supervise(), name="keyturn-listener"),
+            asyncio.create_task(self._send_loop(), name="keyturn-notifier"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._conn.close(), 2)
+
+    def wake(self, session_id: uuid.UUID) -> None:
+        """Tell every process (this one included) that ``session_id`` has news."""
+        self._pending.add(str(session_id))
+        self._has_pending.set()
+
+    async def backend_pid(self) -> int | None:
+        return None if self._conn is None else int(self._conn.get_server_pid())
+
+    async def _connect(self) -> None:
+        conn = await asyncpg.connect(
+            self._dsn, server_settings={"application_name": "keyturn-listener"}
+        )
+        self._lost.clear()
+        conn.add_termination_listener(lambda _c: self._lost.set())
+        await conn.add_listener(CHANNEL, self._received)
+        self._conn = conn
+        self.connected.set()
+
+    def _received(self, conn: Any, pid: int, _channel: str, payload: str) -> None:
+        if pid == conn.get_server_pid():
+            return  # our own wake-up: this process was told directly
+        for part in payload.split(","):
+            try:
+                self._on_wake(uuid.UUID(part))
+            except ValueError:
+                log.warning("ignoring malformed wake-up payload")
+
+    async def _supervise(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                await asyncio.wait_for(self._lost.wait(), self._health_check_s)
+            except TimeoutError:
+                # A half-open TCP connection never reports itself: ask.
+                try:
+                    await asyncio.wait_for(self._conn.fetchval("SELECT 1"), 5)
+                    continue
+                except Exception:
+                    self._lost.set()
+            self.connected.clear()
+            log.warning("listener connection lost; reconnecting")
+            with contextlib.suppress(Exception):
+                self._conn.terminate()
+            while True:
+                try:
+                    await self._connect()
+                    break
+                except (OSError, asyncpg.PostgresError, TimeoutError) as error:
+                    log.warning("listener reconnect failed (%s); retrying", type(error).__name__)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+            backoff = 0.1
+            self.reconnects += 1
+            log.info("listener reconnected; re-reading from every subscriber's cursor")
+            self._on_reconnect()
+
+    async def _send_loop(self) -> None:
+        while True:
+            await self._has_pending.wait()
+            await self.connected.wait()
+            self._has_pending.clear()
+            ids, self._pending = self._pending, set()
+            try:
+                for payload in _chunks(sorted(ids)):
+                    await self._conn.execute("SELECT pg_notify($1, $2)", CHANNEL, payload)
+            except Exception as error:  # the supervisor reconnects; keep the ids
+                log.warning("sending wake-up failed (%s); will resend", type(error).__name__)
+                self._pending |= ids
+                self._has_pending.set()
+                self._lost.set()
+                await asyncio.sleep(0.05)

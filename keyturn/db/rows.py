@@ -1,0 +1,42 @@
+"""Turning result rows into table models, without a round trip through the ORM session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import Row
+
+from keyturn.db.tables import Event, Session, Turn
+
+TURN_COLUMNS = (
+    "id, session_id, idempotency_key, fingerprint, input, history, status, output, error,"
+    " admit_seq, created_at, started_at, completed_at, owner, lease_until, epoch"
+)
+EVENT_COLUMNS = "id, session_id, turn_id, seq, type, data, created_at"
+SESSION_COLUMNS = "id, created_at, default_history, event_seq"
+
+
+def _fields(row: Row[Any], names: frozenset[str], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in row._mapping.items():
+        if key.startswith(prefix) and key[len(prefix) :] in names:
+            out[key[len(prefix) :]] = value
+    return out
+
+
+_TURN = frozenset(Turn.model_fields)
+_EVENT = frozenset(Event.model_fields)
+_SESSION = frozenset(Session.model_fields)
+
+
+def turn_from_row(row: Row[Any], prefix: str = "") -> Turn:
+    # Table models do not validate on construction; the row came from our own table.
+    return Turn(**_fields(row, _TURN, prefix))
+
+
+def event_from_row(row: Row[Any]) -> Event:
+    return Event(**_fields(row, _EVENT))
+
+
+def session_from_row(row: Row[Any]) -> Session:
+    return Session(**_fields(row, _SESSION))

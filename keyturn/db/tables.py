@@ -1,0 +1,110 @@
+"""SQLModel tables: the record Keyturn keeps in PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Column, DateTime, Index, Text, UniqueConstraint, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
+
+# Names for constraints, so migrations and error mapping can refer to them.
+metadata = SQLModel.metadata
+metadata.naming_convention = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def _now_column(nullable: bool = False) -> Any:
+    return Column(
+        DateTime(timezone=True),
+        nullable=nullable,
+        server_default=None if nullable else text("now()"),
+    )
+
+
+class SessionBase(SQLModel):
+    default_history: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class Session(SessionBase, table=True):
+    __tablename__ = "sessions"
+
+    id: uuid.UUID = Field(primary_key=True)
+    created_at: datetime = Field(sa_column=_now_column())
+    # The last seq handed out to this session's events. Bumped in the same
+    # transaction that appends an event: the row lock orders the commits, so
+    # seq is gapless and commit-ordered (a sequence would be neither).
+    event_seq: int = Field(
+        default=0, sa_column=Column(BigInteger, nullable=False, server_default=text("0"))
+    )
+
+
+class TurnBase(SQLModel):
+    idempotency_key: str = Field(sa_column=Column(Text, nullable=False))
+    input: str = Field(sa_column=Column(Text, nullable=False))
+    history: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class Turn(TurnBase, table=True):
+    __tablename__ = "turns"
+    __table_args__ = (
+        # The one place that decides which submission named a key first.
+        UniqueConstraint("session_id", "idempotency_key"),
+        # One RUNNING turn per session, whatever any process believes.
+        Index(
+            "ux_turns_one_running_per_session",
+            "session_id",
+            unique=True,
+            postgresql_where=text("status = 'RUNNING'"),
+        ),
+        # Where the claimers look for work.
+        Index(
+            "ix_turns_queued", "session_id", "admit_seq", postgresql_where=text("status = 'QUEUED'")
+        ),
+        Index("ix_turns_running_lease", "lease_until", postgresql_where=text("status = 'RUNNING'")),
+        Index("ix_turns_session_admit", "session_id", "admit_seq", unique=True),
+    )
+
+    id: uuid.UUID = Field(primary_key=True)
+    session_id: uuid.UUID = Field(foreign_key="sessions.id", nullable=False)
+    # sha256 of the effective request (input + resolved history).
+    fingerprint: str = Field(sa_column=Column(Text, nullable=False))
+    status: str = Field(sa_column=Column(Text, nullable=False))
+    output: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # The seq of this turn's turn.started event: its place in the session queue.
+    admit_seq: int = Field(sa_column=Column(BigInteger, nullable=False))
+    created_at: datetime = Field(sa_column=_now_column())
+    started_at: datetime | None = Field(default=None, sa_column=_now_column(nullable=True))
+    completed_at: datetime | None = Field(default=None, sa_column=_now_column(nullable=True))
+    # Work claiming: who runs it, until when (database clock), and a fencing
+    # epoch that every later write for the turn must present.
+    owner: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    lease_until: datetime | None = Field(default=None, sa_column=_now_column(nullable=True))
+    epoch: int = Field(
+        default=0, sa_column=Column(BigInteger, nullable=False, server_default=text("0"))
+    )
+
+
+class Event(SQLModel, table=True):
+    __tablename__ = "events"
+    __table_args__ = (
+        UniqueConstraint("session_id", "seq"),
+        Index("ix_events_turn", "turn_id", "seq"),
+    )
+
+    id: int | None = Field(
+        default=None, sa_column=Column(BigInteger, primary_key=True, autoincrement=True)
+    )
+    session_id: uuid.UUID = Field(foreign_key="sessions.id", nullable=False)
+    turn_id: uuid.UUID | None = Field(default=None, foreign_key="turns.id", nullable=True)
+    seq: int = Field(sa_column=Column(BigInteger, nullable=False))
+    type: str = Field(sa_column=Column(Text, nullable=False))
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSONB, nullable=False))
+    created_at: datetime = Field(sa_column=_now_column())

@@ -1,0 +1,250 @@
+"""The writes of running turns: claim, renew, finish, interrupt, release.
+
+Each is one short statement in autocommit mode. No row lock outlives its
+statement, so nothing is locked while a model or a tool works. Every write for
+a claimed turn names the epoch its claim received; a write whose epoch no
+longer matches touches nothing (the caller records the refusal).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from keyturn.db.rows import TURN_COLUMNS, event_from_row, turn_from_row
+from keyturn.db.tables import Event, Turn
+
+_T = ", ".join("u." + c.strip() for c in TURN_COLUMNS.split(","))
+
+# Only the head of a session's queue is claimable, and only while nothing of
+# its session runs. The partial unique index on RUNNING turns backs this up:
+# if two claimers ever raced past the checks, one statement would fail.
+_CLAIM = text(
+    f"""
+    WITH c AS (
+        SELECT t.id FROM turns t
+        WHERE t.status = 'QUEUED'
+          AND NOT EXISTS (SELECT 1 FROM turns r
+                          WHERE r.session_id = t.session_id AND r.status = 'RUNNING')
+          AND NOT EXISTS (SELECT 1 FROM turns q
+                          WHERE q.session_id = t.session_id AND q.status = 'QUEUED'
+                            AND q.admit_seq < t.admit_seq)
+        ORDER BY t.created_at, t.admit_seq
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ), u AS (
+        UPDATE turns SET status = 'RUNNING', owner = :owner, epoch = turns.epoch + 1,
+               started_at = now(), lease_until = now() + make_interval(secs => :ttl)
+        FROM c WHERE turns.id = c.id AND turns.status = 'QUEUED'
+        RETURNING turns.*
+    ), bump AS (
+        UPDATE sessions SET event_seq = sessions.event_seq + 1
+        FROM u WHERE sessions.id = u.session_id
+        RETURNING sessions.id, sessions.event_seq
+    ), ev AS (
+        INSERT INTO events (session_id, turn_id, seq, type, data)
+        SELECT u.session_id, u.id, bump.event_seq, 'turn.running',
+               jsonb_build_object('owner', u.owner, 'epoch', u.epoch)
+        FROM u JOIN bump ON bump.id = u.session_id
+        RETURNING seq
+    )
+    SELECT {_T} FROM u
+    """
+)
+
+_RENEW = text(
+    """
+    UPDATE turns SET lease_until = now() + make_interval(secs => :ttl)
+    WHERE id = :turn_id AND epoch = :epoch AND status = 'RUNNING'
+    RETURNING id
+    """
+)
+
+_FINISH = text(
+    f"""
+    WITH u AS (
+        UPDATE turns SET status = :status, output = :output, error = :error,
+               completed_at = now(), lease_until = NULL
+        WHERE id = :turn_id AND epoch = :epoch AND status = 'RUNNING'
+        RETURNING turns.*
+    ), bump AS (
+        UPDATE sessions SET event_seq = sessions.event_seq + 1
+        FROM u WHERE sessions.id = u.session_id
+        RETURNING sessions.event_seq
+    ), ev AS (
+        INSERT INTO events (session_id, turn_id, seq, type, data)
+        SELECT u.session_id, u.id, bump.event_seq, :type, CAST(:data AS jsonb)
+        FROM u, bump
+        RETURNING seq
+    )
+    SELECT {_T} FROM u
+    """
+)
+
+# A lease that ran out means its owner stopped renewing: it died, hung, or lost
+# the database. The turn is not run again; the record says what it shows.
+_INTERRUPT_EXPIRED = text(
+    f"""
+    WITH x AS (
+        SELECT id FROM turns
+        WHERE status = 'RUNNING' AND lease_until < now()
+        ORDER BY lease_until
+        LIMIT 100
+        FOR UPDATE SKIP LOCKED
+    ), u AS (
+        UPDATE turns SET status = 'INTERRUPTED', completed_at = now(),
+               error = 'interrupted: the process running this turn stopped renewing its lease',
+               lease_until = NULL
+        FROM x WHERE turns.id = x.id AND turns.status = 'RUNNING'
+        RETURNING turns.*
+    ), bump AS (
+        UPDATE sessions SET event_seq = sessions.event_seq + 1
+        FROM u WHERE sessions.id = u.session_id
+        RETURNING sessions.id, sessions.event_seq
+    ), ev AS (
+        INSERT INTO events (session_id, turn_id, seq, type, data)
+        SELECT u.session_id, u.id, bump.event_seq, 'turn.interrupted',
+               jsonb_build_object(
+                   'owner', u.owner, 'epoch', u.epoch, 'by', CAST(:by AS text),
+                   'lastEvent', (SELECT jsonb_build_object('seq', e.seq, 'type', e.type,
+                                                           'createdAt', e.created_at)
+                                 FROM events e WHERE e.turn_id = u.id
+                                 ORDER BY e.seq DESC LIMIT 1))
+        FROM u JOIN bump ON bump.id = u.session_id
+        RETURNING seq
+    )
+    SELECT {_T} FROM u
+    """
+)
+
+# A clean shutdown hands an unfinished turn back to the queue instead of
+# marking it interrupted: the fixture model has done nothing outside itself.
+_RELEASE = text(
+    f"""
+    WITH u AS (
+        UPDATE turns SET status = 'QUEUED', owner = NULL, lease_until = NULL,
+               started_at = NULL
+        WHERE id = :turn_id AND epoch = :epoch AND status = 'RUNNING'
+        RETURNING turns.*
+    ), bump AS (
+        UPDATE sessions SET event_seq = sessions.event_seq + 1
+        FROM u WHERE sessions.id = u.session_id
+        RETURNING sessions.event_seq
+    ), ev AS (
+        INSERT INTO events (session_id, turn_id, seq, type, data)
+        SELECT u.session_id, u.id, bump.event_seq, 'turn.released',
+               jsonb_build_object('owner', CAST(:owner AS text), 'epoch', u.epoch)
+        FROM u, bump
+        RETURNING seq
+    )
+    SELECT {_T} FROM u
+    """
+)
+
+_REFUSED = text(
+    """
+    WITH t AS (SELECT id, session_id, epoch, owner, status FROM turns WHERE id = :turn_id),
+    bump AS (
+        UPDATE sessions SET event_seq = sessions.event_seq + 1
+        FROM t WHERE sessions.id = t.session_id
+        RETURNING sessions.event_seq
+    )
+    INSERT INTO events (session_id, turn_id, seq, type, data)
+    SELECT t.session_id, t.id, bump.event_seq, 'turn.write_refused',
+           jsonb_build_object('attempted', CAST(:attempted AS text), 'by', CAST(:by AS text),
+                              'staleEpoch', CAST(:epoch AS bigint), 'currentEpoch', t.epoch,
+                              'status', t.status)
+    FROM t, bump
+    """
+)
+
+_HISTORY = text(
+    """
+    SELECT input, output, status FROM turns
+    WHERE session_id = :session_id AND admit_seq < :admit_seq
+      AND status IN ('COMPLETED', 'INTERRUPTED')
+    ORDER BY admit_seq
+    """
+)
+
+_TERMINAL_EVENT = text(
+    "SELECT id, session_id, turn_id, seq, type, data, created_at FROM events "
+    "WHERE turn_id = :turn_id ORDER BY seq DESC LIMIT 1"
+)
+
+
+async def claim(conn: AsyncConnection, *, owner: str, ttl_s: float, limit: int) -> list[Turn]:
+    rows = (await conn.execute(_CLAIM, {"owner": owner, "ttl": ttl_s, "limit": limit})).all()
+    return [turn_from_row(r) for r in rows]
+
+
+async def renew(conn: AsyncConnection, *, turn_id: uuid.UUID, epoch: int, ttl_s: float) -> bool:
+    row = (await conn.execute(_RENEW, {"turn_id": turn_id, "epoch": epoch, "ttl": ttl_s})).first()
+    return row is not None
+
+
+async def finish(
+    conn: AsyncConnection,
+    *,
+    turn_id: uuid.UUID,
+    epoch: int,
+    status: str,
+    event_type: str,
+    output: str | None,
+    error: str | None,
+    data: dict[str, Any],
+) -> Turn | None:
+    """The finished turn, or None when the epoch or status no longer matched."""
+    row = (
+        await conn.execute(
+            _FINISH,
+            {
+                "turn_id": turn_id,
+                "epoch": epoch,
+                "status": status,
+                "type": event_type,
+                "output": output,
+                "error": error,
+                "data": json.dumps(data),
+            },
+        )
+    ).first()
+    return turn_from_row(row) if row is not None else None
+
+
+async def interrupt_expired(conn: AsyncConnection, *, by: str) -> list[Turn]:
+    rows = (await conn.execute(_INTERRUPT_EXPIRED, {"by": by})).all()
+    return [turn_from_row(r) for r in rows]
+
+
+async def release(
+    conn: AsyncConnection, *, turn_id: uuid.UUID, epoch: int, owner: str
+) -> Turn | None:
+    row = (
+        await conn.execute(_RELEASE, {"turn_id": turn_id, "epoch": epoch, "owner": owner})
+    ).first()
+    return turn_from_row(row) if row is not None else None
+
+
+async def record_refused_write(
+    conn: AsyncConnection, *, turn_id: uuid.UUID, epoch: int, attempted: str, by: str
+) -> None:
+    await conn.execute(
+        _REFUSED, {"turn_id": turn_id, "epoch": epoch, "attempted": attempted, "by": by}
+    )
+
+
+async def history(
+    conn: AsyncConnection, *, session_id: uuid.UUID, admit_seq: int
+) -> list[tuple[str, str | None, str]]:
+    rows = (await conn.execute(_HISTORY, {"session_id": session_id, "admit_seq": admit_seq})).all()
+    return [(r.input, r.output, r.status) for r in rows]
+
+
+async def last_event(conn: AsyncConnection, *, turn_id: uuid.UUID) -> Event | None:
+    row = (await conn.execute(_TERMINAL_EVENT, {"turn_id": turn_id})).first()
+    return event_from_row(row) if row is not None else None

@@ -1,0 +1,15 @@
+"""What every resolver receives: the process's runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from keyturn.runtime.service import Runtime
+
+
+@dataclass
+class Context:
+    runtime: Runtime
+    request: Any = None
+    response: Any = None

@@ -1,0 +1,74 @@
+"""Relay-style paging: opaque cursors, ``first`` checked (never silently clamped)."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Generic, TypeVar
+
+from keyturn.resolvers.errors import BadArgument
+
+MAX_FIRST = 100
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    items: list[T]
+    cursors: list[str]
+    has_next: bool
+    total: int
+
+
+def check_first(first: int) -> int:
+    if first < 0:
+        raise BadArgument("first must not be negative")
+    if first > MAX_FIRST:
+        raise BadArgument(f"first must be at most {MAX_FIRST} (got {first})")
+    return first
+
+
+def _encode(raw: str) -> str:
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode(cursor: str) -> str:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        return base64.urlsafe_b64decode(padded.encode()).decode()
+    except (ValueError, UnicodeError):
+        raise BadArgument("after is not a cursor this API gave out") from None
+
+
+def seq_cursor(kind: str, seq: int) -> str:
+    return _encode(f"{kind}:{seq}")
+
+
+def decode_seq_cursor(kind: str, cursor: str | None) -> int:
+    if cursor is None:
+        return 0
+    raw = _decode(cursor)
+    prefix, _, value = raw.partition(":")
+    if prefix != kind or not value.isdigit():
+        raise BadArgument("after is not a cursor this API gave out")
+    return int(value)
+
+
+def session_cursor(created_at: datetime, session_id: uuid.UUID) -> str:
+    return _encode(f"session:{created_at.isoformat()}|{session_id}")
+
+
+def decode_session_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
+    if cursor is None:
+        return None
+    raw = _decode(cursor)
+    prefix, _, value = raw.partition(":")
+    ts, _, sid = value.partition("|")
+    try:
+        if prefix != "session":
+            raise ValueError
+        return datetime.fromisoformat(ts), uuid.UUID(sid)
+    except ValueError:
+        raise BadArgument("after is not a cursor this API gave out") from None

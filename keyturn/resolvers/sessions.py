@@ -1,0 +1,80 @@
+"""Sessions: create, look up, list, and page through a session's turns and events."""
+
+from __future__ import annotations
+
+import uuid
+
+from keyturn.db.tables import Event, Session, Turn
+from keyturn.resolvers.context import Context
+from keyturn.resolvers.errors import BadArgument
+from keyturn.resolvers.failures import public_failures
+from keyturn.resolvers.pagination import (
+    Page,
+    check_first,
+    decode_seq_cursor,
+    decode_session_cursor,
+    seq_cursor,
+    session_cursor,
+)
+from keyturn.runtime.requests import History
+
+
+def parse_id(value: str) -> uuid.UUID | None:
+    """Lookups by id answer null for an id that cannot exist."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
+async def create_session(ctx: Context, *, default_history: History) -> Session:
+    async with public_failures():
+        return await ctx.runtime.create_session(default_history=default_history)
+
+
+async def get_session(ctx: Context, *, session_id: str) -> Session | None:
+    sid = parse_id(session_id)
+    if sid is None:
+        return None
+    async with public_failures():
+        return await ctx.runtime.session(sid)
+
+
+async def list_sessions(ctx: Context, *, first: int, after: str | None) -> Page[Session]:
+    limit = check_first(first)
+    cursor = decode_session_cursor(after)
+    async with public_failures():
+        rows, total = await ctx.runtime.sessions(after=cursor, limit=limit + 1)
+    items = rows[:limit]
+    return Page(
+        items, [session_cursor(s.created_at, s.id) for s in items], len(rows) > limit, total
+    )
+
+
+async def session_turns(
+    ctx: Context, *, session_id: uuid.UUID, first: int, after: str | None
+) -> Page[Turn]:
+    limit = check_first(first)
+    cursor = decode_seq_cursor("turn", after)
+    async with public_failures():
+        rows, total = await ctx.runtime.turns(session_id=session_id, after=cursor, limit=limit + 1)
+    items = rows[:limit]
+    return Page(items, [seq_cursor("turn", t.admit_seq) for t in items], len(rows) > limit, total)
+
+
+async def session_events(
+    ctx: Context, *, session_id: uuid.UUID, event_count: int, first: int, after: str | None
+) -> Page[Event]:
+    limit = check_first(first)
+    cursor = decode_seq_cursor("event", after)
+    async with public_failures():
+        rows = await ctx.runtime.events(session_id=session_id, after=cursor, limit=limit + 1)
+    items = rows[:limit]
+    # seq is gapless, so the session's counter is its number of events.
+    return Page(items, [seq_cursor("event", e.seq) for e in items], len(rows) > limit, event_count)
+
+
+def check_after_seq(after_seq: int) -> int:
+    if after_seq < 0:
+        raise BadArgument("afterSeq must not be negative")
+    return after_seq

@@ -1,0 +1,104 @@
+"""Admission: which request is this — a new turn, the same one again, or a
+different request wrongly given a used key?"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from enum import Enum
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from keyturn.db import admission as db
+from keyturn.db.engine import connect
+from keyturn.db.tables import Turn
+from keyturn.errors import DatabaseUnavailable, OutcomeUnknown
+from keyturn.runtime.requests import History, TurnRequest, fingerprint
+
+log = logging.getLogger("keyturn.admission")
+
+
+class Outcome(Enum):
+    ACCEPTED = "accepted"
+    REPLAYED = "replayed"
+    CONFLICT = "conflict"
+    SESSION_NOT_FOUND = "session_not_found"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    outcome: Outcome
+    turn: Turn | None = None
+
+
+def _judge(existing: Turn, fp: str) -> Admission:
+    if existing.fingerprint == fp:
+        return Admission(Outcome.REPLAYED, existing)
+    return Admission(Outcome.CONFLICT, existing)
+
+
+async def admit_turn(*, engine: AsyncEngine, request: TurnRequest) -> Admission:
+    """Admit ``request`` or say which turn already holds its key.
+
+    A key that already names a turn is answered from one read and writes
+    nothing. Otherwise the single admission statement tries to claim the key;
+    when it loses a race, a separate read finds the winner. If the connection
+    dies while the statement commits, the outcome is unknown: it is settled by
+    reading the key again on a fresh connection, never guessed.
+    """
+    async with connect(engine) as conn:
+        found = await db.lookup(conn, session_id=request.session_id, key=request.idempotency_key)
+    if not found.session_found:
+        return Admission(Outcome.SESSION_NOT_FOUND)
+    history = request.effective_history(History(found.default_history or History.FULL))
+    fp = fingerprint(input=request.input, history=history)
+    if found.existing is not None:
+        return _judge(found.existing, fp)
+
+    turn_id = uuid.uuid4()
+    try:
+        async with connect(engine) as conn:
+            turn = await db.insert_turn(
+                conn,
+                turn_id=turn_id,
+                session_id=request.session_id,
+                key=request.idempotency_key,
+                fingerprint=fp,
+                input=request.input,
+                history=history.value,
+                data={"idempotencyKey": request.idempotency_key, "history": history.value},
+            )
+            if turn is not None:
+                return Admission(Outcome.ACCEPTED, turn)
+            winner = await db.turn_by_key(
+                conn, session_id=request.session_id, key=request.idempotency_key
+            )
+    except DatabaseUnavailable:
+        return await _settle_unknown(engine, request, turn_id, fp)
+    if winner is None:
+        # The statement inserted nothing and no turn holds the key: the
+        # session itself must be gone.
+        return Admission(Outcome.SESSION_NOT_FOUND)
+    return _judge(winner, fp)
+
+
+async def _settle_unknown(
+    engine: AsyncEngine, request: TurnRequest, turn_id: uuid.UUID, fp: str
+) -> Admission:
+    log.warning(
+        "admission outcome unknown; re-reading key on a fresh connection",
+        extra={"session_id": str(request.session_id)},
+    )
+    try:
+        async with connect(engine) as conn:
+            existing = await db.turn_by_key(
+                conn, session_id=request.session_id, key=request.idempotency_key
+            )
+    except DatabaseUnavailable:
+        raise OutcomeUnknown() from None
+    if existing is None:
+        raise OutcomeUnknown()
+    if existing.id == turn_id:
+        return Admission(Outcome.ACCEPTED, existing)
+    return _judge(existing, fp)

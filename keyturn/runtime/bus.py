@@ -1,0 +1,190 @@
+"""The event bus: live delivery of committed events to subscribers.
+
+A wake-up says only "session S has news". Each session with subscribers has a
+channel that, when woken, reads the new events from the table once and keeps
+the latest few hundred; every subscriber then takes what lies after its own
+cursor. A subscriber whose cursor fell behind that window reads the table
+itself. So memory per subscriber is a cursor and a flag, nothing is lost
+(the table is read from the cursor) and nothing is sent twice (the cursor only
+moves forward).
+
+Subscribers register *before* their first read: an event that commits after
+registration wakes them, one that committed before is in the read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from keyturn.db import reads
+from keyturn.db.engine import connect
+from keyturn.db.tables import Event
+from keyturn.errors import DatabaseUnavailable
+
+log = logging.getLogger("keyturn.bus")
+
+CACHE_EVENTS = 512
+PAGE = 200
+
+
+class Subscriber:
+    __slots__ = ("cursor", "session_id", "woken")
+
+    def __init__(self, session_id: uuid.UUID, cursor: int) -> None:
+        self.session_id = session_id
+        self.cursor = cursor
+        self.woken = asyncio.Event()
+
+
+class _Channel:
+    def __init__(self) -> None:
+        self.subscribers: set[Subscriber] = set()
+        # The cache holds every event with covered_from < seq <= high.
+        self.cache: collections.deque[Event] = collections.deque(maxlen=CACHE_EVENTS)
+        self.covered_from: int | None = None
+        self.high: int | None = None
+        self.stale = True
+        self.lock = asyncio.Lock()
+
+
+class EventBus:
+    def __init__(self, engine: AsyncEngine, *, poll_s: float) -> None:
+        self._engine = engine
+        self._poll_s = poll_s
+        self._channels: dict[uuid.UUID, _Channel] = {}
+        self._poller: asyncio.Task[None] | None = None
+        # Set by the runtime: tells other processes (via NOTIFY) about news.
+        self.broadcast: Callable[[uuid.UUID], None] | None = None
+        self.delivered = 0
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        self._poller = asyncio.create_task(self._poll_loop(), name="keyturn-bus-poll")
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        for channel in self._channels.values():
+            for sub in channel.subscribers:
+                sub.woken.set()
+
+    @property
+    def subscriber_count(self) -> int:
+        return sum(len(c.subscribers) for c in self._channels.values())
+
+    # -- wake-ups ----------------------------------------------------------
+    def committed(self, session_id: uuid.UUID) -> None:
+        """A transaction of this process committed an event of ``session_id``."""
+        self.wake(session_id)
+        if self.broadcast is not None:
+            self.broadcast(session_id)
+
+    def wake(self, session_id: uuid.UUID) -> None:
+        channel = self._channels.get(session_id)
+        if channel is None:
+            return
+        channel.stale = True
+        for sub in channel.subscribers:
+            sub.woken.set()
+
+    def wake_all(self) -> None:
+        """After a lost listener connection: everyone re-reads from their cursor."""
+        for session_id in list(self._channels):
+            self.wake(session_id)
+
+    # -- subscribers -------------------------------------------------------
+    def register(self, session_id: uuid.UUID, cursor: int) -> Subscriber:
+        sub = Subscriber(session_id, cursor)
+        self._channels.setdefault(session_id, _Channel()).subscribers.add(sub)
+        return sub
+
+    def unregister(self, sub: Subscriber) -> None:
+        channel = self._channels.get(sub.session_id)
+        if channel is None:
+            return
+        channel.subscribers.discard(sub)
+        if not channel.subscribers:
+            del self._channels[sub.session_id]
+
+    async def read(self, sub: Subscriber) -> list[Event]:
+        """Events after ``sub.cursor`` in seq order (at most a page); advances the cursor."""
+        sub.woken.clear()
+        channel = self._channels[sub.session_id]
+        if channel.stale:
+            await self._refresh(sub.session_id, channel, sub.cursor)
+        if channel.covered_from is not None and sub.cursor >= channel.covered_from:
+            events = [e for e in channel.cache if e.seq > sub.cursor][:PAGE]
+        else:
+            # Fell behind the shared window: read the table from this cursor.
+            async with connect(self._engine) as conn:
+                events = await reads.events_after(
+                    conn, session_id=sub.session_id, after=sub.cursor, limit=PAGE
+                )
+        if events:
+            sub.cursor = events[-1].seq
+            self.delivered += len(events)
+        if len(events) == PAGE:
+            sub.woken.set()  # there may be more: come straight back
+        return events
+
+    async def wait(self, sub: Subscriber) -> None:
+        await sub.woken.wait()
+
+    async def _refresh(self, session_id: uuid.UUID, channel: _Channel, cursor: int) -> None:
+        async with channel.lock:
+            if not channel.stale:
+                return
+            # Cleared before the read: a wake-up that lands during the read
+            # marks the channel stale again, so nothing committed is missed.
+            channel.stale = False
+            after = channel.high if channel.high is not None else cursor
+            try:
+                async with connect(self._engine) as conn:
+                    events = await reads.events_after(
+                        conn, session_id=session_id, after=after, limit=CACHE_EVENTS
+                    )
+            except BaseException:
+                channel.stale = True
+                raise
+            if channel.high is None:
+                channel.covered_from = cursor
+                channel.high = cursor
+            channel.cache.extend(events)  # the deque drops the oldest
+            if events:
+                channel.high = events[-1].seq
+            if len(channel.cache) == CACHE_EVENTS and channel.covered_from is not None:
+                # The window slid: it now covers only what it still holds.
+                channel.covered_from = max(channel.covered_from, channel.cache[0].seq - 1)
+            if len(events) == CACHE_EVENTS:
+                channel.stale = True  # more to read next time
+
+    async def _poll_loop(self) -> None:
+        """Safety net: finds news that no wake-up announced."""
+        while True:
+            await asyncio.sleep(self._poll_s)
+            ids = [sid for sid, ch in self._channels.items() if ch.high is not None]
+            if not ids:
+                continue
+            try:
+                async with connect(self._engine) as conn:
+                    seqs = await reads.session_seqs(conn, session_ids=ids)
+            except DatabaseUnavailable:
+                log.warning("subscription poll: database unavailable")
+                continue
+            except Exception:
+                log.exception("subscription poll failed")
+                continue
+            for sid, seq in seqs.items():
+                channel = self._channels.get(sid)
+                if channel is not None and channel.high is not None and seq > channel.high:
+                    log.info("subscription poll found news no wake-up announced")
+                    self.wake(sid)

@@ -1,0 +1,126 @@
+"""The runtime: one object per process that ties admission, the worker, the
+bus and the listener together, and the reads the API needs."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from keyturn.db import reads
+from keyturn.db.engine import asyncpg_dsn, connect
+from keyturn.db.listener import Listener
+from keyturn.db.tables import Event, Session, Turn
+from keyturn.errors import ShuttingDown
+from keyturn.runtime import watch
+from keyturn.runtime.admission import Admission, Outcome, admit_turn
+from keyturn.runtime.bus import EventBus
+from keyturn.runtime.model import FixtureModel, Model
+from keyturn.runtime.requests import History, TurnRequest
+from keyturn.runtime.worker import Worker, WorkerSettings, new_owner_id
+from keyturn.settings import Settings
+
+log = logging.getLogger("keyturn.runtime")
+
+
+class Runtime:
+    def __init__(
+        self,
+        *,
+        engine: AsyncEngine,
+        settings: Settings,
+        database_url: str,
+        model: Model | None = None,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.owner = new_owner_id()
+        self.bus = EventBus(engine, poll_s=settings.subscription_poll_s)
+        self.listener = Listener(
+            asyncpg_dsn(database_url), on_wake=self.bus.wake, on_reconnect=self.bus.wake_all
+        )
+        self.bus.broadcast = self.listener.wake
+        self.worker = Worker(
+            engine=engine,
+            model=model or FixtureModel(delay_ms=settings.fixture_delay_ms),
+            bus=self.bus,
+            settings=WorkerSettings(
+                max_running=settings.max_running_turns,
+                lease_ttl_s=settings.lease_ttl_s,
+                lease_renew_s=settings.lease_renew_s,
+                claim_poll_s=settings.claim_poll_s,
+                shutdown_grace_s=settings.shutdown_grace_s,
+            ),
+            owner=self.owner,
+        )
+        self.accepting = False
+
+    async def start(self) -> None:
+        await self.listener.start()
+        self.bus.start()
+        self.worker.start()
+        self.accepting = True
+        log.info("runtime started as %s", self.owner)
+
+    async def stop(self) -> None:
+        self.accepting = False
+        await self.worker.stop()
+        await self.bus.stop()
+        await self.listener.stop()
+
+    # -- writes ------------------------------------------------------------
+    async def create_session(self, *, default_history: History) -> Session:
+        async with connect(self.engine) as conn:
+            return await reads.create_session(conn, default_history=default_history.value)
+
+    async def submit(self, request: TurnRequest) -> Admission:
+        if not self.accepting:
+            raise ShuttingDown()
+        admission = await admit_turn(engine=self.engine, request=request)
+        if admission.outcome is Outcome.ACCEPTED:
+            self.bus.committed(request.session_id)
+            self.worker.wake()
+        return admission
+
+    # -- reads -------------------------------------------------------------
+    async def session(self, session_id: uuid.UUID) -> Session | None:
+        async with connect(self.engine) as conn:
+            return await reads.session(conn, session_id=session_id)
+
+    async def sessions(
+        self, *, after: tuple[datetime, uuid.UUID] | None, limit: int
+    ) -> tuple[list[Session], int]:
+        async with connect(self.engine) as conn:
+            page = await reads.sessions_after(conn, after=after, limit=limit)
+            return page, await reads.session_count(conn)
+
+    async def turn(self, turn_id: uuid.UUID) -> Turn | None:
+        async with connect(self.engine) as conn:
+            return await reads.turn(conn, turn_id=turn_id)
+
+    async def turns(
+        self, *, session_id: uuid.UUID, after: int, limit: int
+    ) -> tuple[list[Turn], int]:
+        async with connect(self.engine) as conn:
+            page = await reads.turns_after(conn, session_id=session_id, after=after, limit=limit)
+            return page, await reads.turn_count(conn, session_id=session_id)
+
+    async def events(self, *, session_id: uuid.UUID, after: int, limit: int) -> list[Event]:
+        async with connect(self.engine) as conn:
+            return await reads.events_after(conn, session_id=session_id, after=after, limit=limit)
+
+    async def turn_events(self, turn_id: uuid.UUID) -> list[Event]:
+        async with connect(self.engine) as conn:
+            return await reads.turn_events(conn, turn_id=turn_id)
+
+    # -- streams -----------------------------------------------------------
+    def session_events(self, session_id: uuid.UUID, after_seq: int) -> AsyncIterator[Event]:
+        return watch.session_events(
+            engine=self.engine, bus=self.bus, session_id=session_id, after_seq=after_seq
+        )
+
+    def turn_completed(self, turn_id: uuid.UUID) -> AsyncIterator[Turn]:
+        return watch.turn_completed(engine=self.engine, bus=self.bus, turn_id=turn_id)

@@ -1,0 +1,84 @@
+"""Admission results and the expected errors that are part of the schema."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import strawberry
+
+from keyturn.runtime.admission import Admission, Outcome
+from keyturn.schema.enums import ErrorCode
+from keyturn.schema.types import Turn
+
+
+@strawberry.interface
+class TurnAdmission:
+    turn: Turn
+    replayed: bool
+
+
+@strawberry.type(description="A new turn was admitted; its turn.started event is saved.")
+class TurnAccepted(TurnAdmission):
+    pass
+
+
+@strawberry.type(
+    description="The key already named this same request: the original turn, nothing written."
+)
+class TurnReplayed(TurnAdmission):
+    pass
+
+
+@strawberry.interface
+class UserError:
+    code: ErrorCode
+    message: str
+
+
+@strawberry.type(description="The key already names a different request in this session.")
+class IdempotencyConflict(UserError):
+    idempotency_key: str
+    existing_turn_id: strawberry.ID
+
+
+@strawberry.type
+class SessionNotFound(UserError):
+    session_id: strawberry.ID
+
+
+@strawberry.type
+class InvalidInput(UserError):
+    field: str
+
+
+SubmitTurnResult = Annotated[
+    TurnAccepted | TurnReplayed | IdempotencyConflict | SessionNotFound | InvalidInput,
+    strawberry.union("SubmitTurnResult"),
+]
+
+
+def from_admission(admission: Admission, *, session_id: str, key: str) -> SubmitTurnResult:
+    turn = admission.turn
+    if admission.outcome is Outcome.ACCEPTED and turn is not None:
+        return TurnAccepted(turn=Turn.from_model(turn), replayed=False)
+    if admission.outcome is Outcome.REPLAYED and turn is not None:
+        return TurnReplayed(turn=Turn.from_model(turn), replayed=True)
+    if admission.outcome is Outcome.CONFLICT and turn is not None:
+        return IdempotencyConflict(
+            code=ErrorCode.IDEMPOTENCY_CONFLICT,
+            message=(
+                "this idempotency key already names a different request in this session "
+                f"(turn {turn.id}); use a new key for a new turn"
+            ),
+            idempotency_key=key,
+            existing_turn_id=strawberry.ID(str(turn.id)),
+        )
+    return SessionNotFound(
+        code=ErrorCode.SESSION_NOT_FOUND,
+        message=f"session {session_id} not found",
+        session_id=strawberry.ID(session_id),
+    )
+
+
+def invalid_input(field: str, message: str) -> InvalidInput:
+    return InvalidInput(code=ErrorCode.INVALID_INPUT, message=message, field=field)

@@ -1,0 +1,85 @@
+"""Root types. Each field only delegates to a resolver and wraps the result."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+import strawberry
+
+from keyturn.resolvers import sessions, streams, turns
+from keyturn.runtime.requests import History, InvalidRequest
+from keyturn.schema.context import Info
+from keyturn.schema.enums import HistoryMode
+from keyturn.schema.inputs import CreateSessionInput, SubmitTurnInput
+from keyturn.schema.results import SubmitTurnResult, from_admission, invalid_input
+from keyturn.schema.types import Event, Session, SessionConnection, Turn
+
+
+@strawberry.type
+class Query:
+    @strawberry.field
+    async def session(self, info: Info, id: strawberry.ID) -> Session | None:
+        found = await sessions.get_session(info.context, session_id=id)
+        return Session.from_model(found) if found is not None else None
+
+    @strawberry.field
+    async def sessions(
+        self, info: Info, first: int | None = 20, after: str | None = None
+    ) -> SessionConnection:
+        page = await sessions.list_sessions(
+            info.context, first=20 if first is None else first, after=after
+        )
+        return SessionConnection.from_page(page)
+
+    @strawberry.field
+    async def turn(self, info: Info, id: strawberry.ID) -> Turn | None:
+        found = await turns.get_turn(info.context, turn_id=id)
+        return Turn.from_model(found) if found is not None else None
+
+
+@strawberry.type
+class Mutation:
+    @strawberry.mutation
+    async def create_session(self, info: Info, input: CreateSessionInput | None = None) -> Session:
+        default = (input or CreateSessionInput()).default_history or HistoryMode.FULL
+        return Session.from_model(
+            await sessions.create_session(info.context, default_history=History(default.value))
+        )
+
+    @strawberry.mutation
+    async def submit_turn(self, info: Info, input: SubmitTurnInput) -> SubmitTurnResult:
+        try:
+            admission = await turns.submit_turn(
+                info.context,
+                session_id=str(input.session_id),
+                idempotency_key=input.idempotency_key,
+                input=input.input,
+                history=History(input.history.value) if input.history else None,
+            )
+        except InvalidRequest as error:
+            return invalid_input(error.field, str(error))
+        return from_admission(
+            admission, session_id=str(input.session_id), key=input.idempotency_key
+        )
+
+
+@strawberry.type
+class Subscription:
+    @strawberry.subscription(  # type: ignore[untyped-decorator]
+        description="Yields the turn once it has ended (at once if it already has), then completes."
+    )
+    async def turn_completed(self, info: Info, turn_id: strawberry.ID) -> AsyncGenerator[Turn]:
+        async for turn in streams.turn_completed(info.context, turn_id=turn_id):
+            yield Turn.from_model(turn)
+
+    @strawberry.subscription(  # type: ignore[untyped-decorator]
+        description="Every event with seq > afterSeq, from the record, then live; in seq "
+        "order, no gap, no duplicate."
+    )
+    async def session_events(
+        self, info: Info, session_id: strawberry.ID, after_seq: int | None = 0
+    ) -> AsyncGenerator[Event]:
+        async for event in streams.session_events(
+            info.context, session_id=session_id, after_seq=after_seq or 0
+        ):
+            yield Event.from_model(event)

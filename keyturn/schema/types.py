@@ -1,0 +1,206 @@
+"""Object types: Session, Turn, Event and their connections."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, cast
+
+import strawberry
+from strawberry.scalars import JSON
+
+from keyturn.db import tables
+from keyturn.resolvers import sessions as session_resolvers
+from keyturn.resolvers import turns as turn_resolvers
+from keyturn.resolvers.pagination import Page
+from keyturn.schema.context import Info
+from keyturn.schema.enums import HistoryMode, TurnStatus
+
+
+@strawberry.type
+class PageInfo:
+    has_next_page: bool
+    end_cursor: str | None
+
+
+def _page_info(page: Page[Any]) -> PageInfo:
+    return PageInfo(
+        has_next_page=page.has_next, end_cursor=page.cursors[-1] if page.cursors else None
+    )
+
+
+@strawberry.type
+class Event:
+    id: strawberry.ID
+    session_id: strawberry.ID
+    turn_id: strawberry.ID | None
+    seq: int = strawberry.field(description="Per session: 1, 2, 3 … gapless, commit-ordered.")
+    type: str = strawberry.field(
+        description="turn.started, turn.running, turn.completed, turn.failed, "
+        "turn.interrupted, turn.released, turn.write_refused"
+    )
+    data: JSON
+    created_at: datetime
+
+    @classmethod
+    def from_model(cls, e: tables.Event) -> Event:
+        return cls(
+            id=strawberry.ID(str(e.id)),
+            session_id=strawberry.ID(str(e.session_id)),
+            turn_id=strawberry.ID(str(e.turn_id)) if e.turn_id is not None else None,
+            seq=e.seq,
+            type=e.type,
+            data=cast(JSON, e.data),
+            created_at=e.created_at,
+        )
+
+
+@strawberry.type
+class EventEdge:
+    cursor: str
+    node: Event
+
+
+@strawberry.type
+class EventConnection:
+    edges: list[EventEdge]
+    page_info: PageInfo
+    total_count: int
+
+    @classmethod
+    def from_page(cls, page: Page[tables.Event]) -> EventConnection:
+        nodes = [Event.from_model(e) for e in page.items]
+        return cls(
+            edges=[EventEdge(cursor=c, node=n) for c, n in zip(page.cursors, nodes, strict=True)],
+            page_info=_page_info(page),
+            total_count=page.total,
+        )
+
+
+@strawberry.type
+class Turn:
+    id: strawberry.ID
+    session_id: strawberry.ID
+    idempotency_key: str
+    input: str
+    history: HistoryMode = strawberry.field(description="The effective setting.")
+    status: TurnStatus
+    output: str | None
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    epoch: int = strawberry.field(
+        description="Fencing epoch: how many times the turn has been claimed to run."
+    )
+    owner: str | None = strawberry.field(description="The process that last claimed the turn.")
+    _model: strawberry.Private[tables.Turn]
+
+    @classmethod
+    def from_model(cls, t: tables.Turn) -> Turn:
+        return cls(
+            id=strawberry.ID(str(t.id)),
+            session_id=strawberry.ID(str(t.session_id)),
+            idempotency_key=t.idempotency_key,
+            input=t.input,
+            history=HistoryMode(t.history),
+            status=TurnStatus(t.status),
+            output=t.output,
+            error=t.error,
+            created_at=t.created_at,
+            started_at=t.started_at,
+            completed_at=t.completed_at,
+            epoch=t.epoch,
+            owner=t.owner,
+            _model=t,
+        )
+
+    @strawberry.field
+    async def events(self, info: Info) -> list[Event]:
+        rows = await turn_resolvers.turn_events(info.context, turn=self._model)
+        return [Event.from_model(e) for e in rows]
+
+
+@strawberry.type
+class TurnEdge:
+    cursor: str
+    node: Turn
+
+
+@strawberry.type
+class TurnConnection:
+    edges: list[TurnEdge]
+    page_info: PageInfo
+    total_count: int
+
+    @classmethod
+    def from_page(cls, page: Page[tables.Turn]) -> TurnConnection:
+        nodes = [Turn.from_model(t) for t in page.items]
+        return cls(
+            edges=[TurnEdge(cursor=c, node=n) for c, n in zip(page.cursors, nodes, strict=True)],
+            page_info=_page_info(page),
+            total_count=page.total,
+        )
+
+
+@strawberry.type
+class Session:
+    id: strawberry.ID = strawberry.field(description="A UUID.")
+    created_at: datetime
+    default_history: HistoryMode
+    event_count: int = strawberry.field(description="Events saved for this session so far.")
+    _id: strawberry.Private[uuid.UUID]
+
+    @classmethod
+    def from_model(cls, s: tables.Session) -> Session:
+        return cls(
+            id=strawberry.ID(str(s.id)),
+            created_at=s.created_at,
+            default_history=HistoryMode(s.default_history),
+            event_count=s.event_seq,
+            _id=s.id,
+        )
+
+    @strawberry.field
+    async def turns(
+        self, info: Info, first: int | None = 20, after: str | None = None
+    ) -> TurnConnection:
+        page = await session_resolvers.session_turns(
+            info.context, session_id=self._id, first=20 if first is None else first, after=after
+        )
+        return TurnConnection.from_page(page)
+
+    @strawberry.field
+    async def events(
+        self, info: Info, first: int | None = 100, after: str | None = None
+    ) -> EventConnection:
+        page = await session_resolvers.session_events(
+            info.context,
+            session_id=self._id,
+            event_count=self.event_count,
+            first=100 if first is None else first,
+            after=after,
+        )
+        return EventConnection.from_page(page)
+
+
+@strawberry.type
+class SessionEdge:
+    cursor: str
+    node: Session
+
+
+@strawberry.type
+class SessionConnection:
+    edges: list[SessionEdge]
+    page_info: PageInfo
+    total_count: int
+
+    @classmethod
+    def from_page(cls, page: Page[tables.Session]) -> SessionConnection:
+        nodes = [Session.from_model(s) for s in page.items]
+        return cls(
+            edges=[SessionEdge(cursor=c, node=n) for c, n in zip(page.cursors, nodes, strict=True)],
+            page_info=_page_info(page),
+            total_count=page.total,
+        )

@@ -1,0 +1,107 @@
+"""Fixtures: one PostgreSQL per run, one migrated template, one database per test.
+
+The server is the one named by ``KEYTURN_TEST_DATABASE_URL`` when it is set (CI
+points it at the machine's PostgreSQL), else the embedded PostgreSQL that
+Keyturn itself uses by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from keyturn.db.engine import create_engine
+from keyturn.db.migrate import upgrade
+from tests.support import (
+    ROOT,
+    GraphQLClient,
+    InProcessServer,
+    admin,
+    serve_in_process,
+    with_database,
+)
+
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    external = os.environ.get("KEYTURN_TEST_DATABASE_URL")
+    if external:
+        yield external
+        return
+    from keyturn.db import embedded
+
+    url, handle = embedded.start(tmp_path_factory.mktemp("embedded"))
+    yield url
+    handle.cleanup()
+
+
+@pytest.fixture(scope="session")
+def template_db(server_url: str) -> str:
+    """A database with every migration applied, copied for each test."""
+    name = f"keyturn_tpl_{os.getpid()}"
+
+    async def build() -> None:
+        conn = await admin(server_url)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+        engine = create_engine(with_database(server_url, name), pool_size=1)
+        try:
+            await upgrade(engine)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(build())
+    return name
+
+
+@pytest.fixture
+async def database_url(server_url: str, template_db: str) -> AsyncIterator[str]:
+    name = f"keyturn_t_{uuid.uuid4().hex[:12]}"
+    conn = await admin(server_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    finally:
+        await conn.close()
+    yield with_database(server_url, name)
+    conn = await admin(server_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def server(database_url: str) -> AsyncIterator[InProcessServer]:
+    async with serve_in_process(database_url) as srv:
+        yield srv
+
+
+@pytest.fixture
+async def client(server: InProcessServer) -> AsyncIterator[GraphQLClient]:
+    c = GraphQLClient(server.url)
+    yield c
+    await c.close()
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[object]:
+    """A plain asyncpg connection to the test's database, for checking the record."""
+    conn = await admin(database_url)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
