@@ -229,8 +229,16 @@ def start_server_process(
     log_path = log_dir / f"{name}-{port}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "keyturn", "serve", "--port", str(port),
-             "--workers", str(workers)],
+            [
+                sys.executable,
+                "-m",
+                "keyturn",
+                "serve",
+                "--port",
+                str(port),
+                "--workers",
+                str(workers),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=full_env,
@@ -271,3 +279,29 @@ def new_key() -> str:
 
 def iter_lines(text: str) -> Iterator[str]:
     yield from text.splitlines()
+
+
+@contextlib.asynccontextmanager
+async def ws_session(ws_url: str) -> AsyncIterator[Any]:
+    """A gql client session over WebSocket, subprotocol graphql-transport-ws."""
+    from gql import Client
+    from gql.transport.websockets import WebsocketsTransport
+
+    transport = WebsocketsTransport(
+        url=ws_url, subprotocols=[WebsocketsTransport.GRAPHQLWS_SUBPROTOCOL]
+    )
+    async with Client(transport=transport, fetch_schema_from_transport=False) as session:
+        yield session
+
+
+def request(query: str, **variables: Any) -> Any:
+    from gql import GraphQLRequest
+
+    return GraphQLRequest(query, variable_values=variables)
+
+
+TURN_COMPLETED = "subscription($t: ID!) { turnCompleted(turnId: $t) { id status output error } }"
+SESSION_EVENTS = (
+    "subscription($s: ID!, $a: Int) { sessionEvents(sessionId: $s, afterSeq: $a) "
+    "{ seq type turnId data } }"
+)

@@ -119,8 +119,10 @@ class EventBus:
         """Events after ``sub.cursor`` in seq order (at most a page); advances the cursor."""
         sub.woken.clear()
         channel = self._channels[sub.session_id]
-        if channel.stale:
-            await self._refresh(sub.session_id, channel, sub.cursor)
+        # Always through the lock: a refresh already in flight (started by
+        # another subscriber woken by the same news) must finish before this
+        # subscriber looks at the cache.
+        await self._refresh(sub.session_id, channel, sub.cursor)
         if channel.covered_from is not None and sub.cursor >= channel.covered_from:
             events = [e for e in channel.cache if e.seq > sub.cursor][:PAGE]
         else:

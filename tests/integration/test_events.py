@@ -1,0 +1,151 @@
+"""Event order: per-session seq 1, 2, 3 … gapless and in commit order; paging; the demo."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.support import GraphQLClient, admin
+
+
+async def test_seq_is_gapless_per_session_under_concurrent_writers(
+    client: GraphQLClient, db: Any
+) -> None:
+    sessions = [await client.create_session() for _ in range(4)]
+    await asyncio.gather(
+        *(client.submit(sid, f"k{n}", f"turn {n}") for sid in sessions for n in range(15))
+    )
+    for sid in sessions:
+        turns = await db.fetch("SELECT id FROM turns WHERE session_id = $1::uuid", sid)
+        for t in turns:
+            await client.wait_for_status(str(t["id"]), {"COMPLETED"})
+        seqs = [
+            r["seq"]
+            for r in await db.fetch(
+                "SELECT seq FROM events WHERE session_id = $1::uuid ORDER BY seq", sid
+            )
+        ]
+        # 15 turns × (started, running, completed)
+        assert seqs == list(range(1, 46))
+        session = await client.session(sid)
+        assert session["eventCount"] == 45
+
+
+async def test_a_reader_never_finds_a_new_event_at_or_below_a_seq_it_has_seen(
+    client: GraphQLClient, db: Any, database_url: str
+) -> None:
+    sid = await client.create_session()
+    reader_conn = await admin(database_url)
+    seen: set[int] = set()
+    high = 0
+    violations: list[tuple[int, int]] = []
+    stop = asyncio.Event()
+
+    async def reader() -> None:
+        nonlocal high
+        while not stop.is_set():
+            rows = await reader_conn.fetch(
+                "SELECT seq FROM events WHERE session_id = $1::uuid ORDER BY seq", sid
+            )
+            now = {r["seq"] for r in rows}
+            for seq in now - seen:
+                if seq <= high:
+                    violations.append((seq, high))
+            seen.update(now)
+            high = max(seen, default=0)
+
+    task = asyncio.create_task(reader())
+    await asyncio.gather(*(client.submit(sid, f"k{n}", "x") for n in range(60)))
+    turns = await db.fetch("SELECT id FROM turns WHERE session_id = $1::uuid", sid)
+    for t in turns:
+        await client.wait_for_status(str(t["id"]), {"COMPLETED"})
+    stop.set()
+    await task
+    await reader_conn.close()
+    assert violations == []
+    assert seen == set(range(1, 181))
+
+
+async def test_events_page_with_opaque_cursors(client: GraphQLClient) -> None:
+    sid = await client.create_session()
+    for n in range(5):
+        r = await client.submit(sid, f"k{n}", "x")
+        await client.wait_for_status(r["turn"]["id"], {"COMPLETED"})
+    query = """query($id: ID!, $after: String) { session(id: $id) {
+        events(first: 4, after: $after) {
+          totalCount pageInfo { hasNextPage endCursor } edges { cursor node { seq } } } } }"""
+    after = None
+    collected: list[int] = []
+    pages = 0
+    while True:
+        data = await client.execute(query, {"id": sid, "after": after})
+        conn = data["session"]["events"]
+        assert conn["totalCount"] == 15
+        collected += [e["node"]["seq"] for e in conn["edges"]]
+        pages += 1
+        if not conn["pageInfo"]["hasNextPage"]:
+            break
+        after = conn["pageInfo"]["endCursor"]
+        assert after == conn["edges"][-1]["cursor"]
+    assert collected == list(range(1, 16))
+    assert pages == 4
+
+
+async def test_first_over_100_is_an_error_not_a_clamp(client: GraphQLClient) -> None:
+    sid = await client.create_session()
+    for field in ("events", "turns"):
+        body = await client.raw(
+            f"query($id: ID!) {{ session(id: $id) {{ {field}(first: 101) {{ totalCount }} }} }}",
+            {"id": sid},
+        )
+        assert body["data"] is None or body["data"]["session"] is None
+        error = body["errors"][0]
+        assert "at most 100" in error["message"]
+        assert error["extensions"]["code"] == "BAD_USER_INPUT"
+    body = await client.raw("{ sessions(first: 1000) { totalCount } }")
+    assert "at most 100" in body["errors"][0]["message"]
+    body = await client.raw(
+        'query($id: ID!) { session(id: $id) { events(after: "garbage!") { totalCount } } }',
+        {"id": sid},
+    )
+    assert "cursor" in body["errors"][0]["message"]
+
+
+async def test_sessions_list_pages(client: GraphQLClient) -> None:
+    made = [await client.create_session() for _ in range(3)]
+    data = await client.execute(
+        "{ sessions(first: 2) { totalCount pageInfo { hasNextPage endCursor } "
+        "edges { node { id defaultHistory eventCount } } } }"
+    )
+    first = data["sessions"]
+    assert first["totalCount"] == 3 and first["pageInfo"]["hasNextPage"] is True
+    data = await client.execute(
+        "query($a: String) { sessions(first: 2, after: $a) { pageInfo { hasNextPage } "
+        "edges { node { id } } } }",
+        {"a": first["pageInfo"]["endCursor"]},
+    )
+    ids = [e["node"]["id"] for e in first["edges"]] + [
+        e["node"]["id"] for e in data["sessions"]["edges"]
+    ]
+    assert ids == made
+    assert data["sessions"]["pageInfo"]["hasNextPage"] is False
+
+
+async def test_the_demo_reload_retry_replays_and_event_count_is_unchanged(
+    server: Any, db: Any
+) -> None:
+    """A client submits, loses everything but its last request, reconnects and retries."""
+    first_client = GraphQLClient(server.url)
+    sid = await first_client.create_session()
+    request = (sid, "demo-key", "What is the plan?")
+    accepted = await first_client.submit(*request)
+    await first_client.wait_for_status(accepted["turn"]["id"], {"COMPLETED"})
+    count_before = (await first_client.session(sid))["eventCount"]
+    await first_client.close()
+
+    reloaded = GraphQLClient(server.url)  # a new connection, nothing shared
+    retried = await reloaded.submit(*request)
+    assert retried["__typename"] == "TurnReplayed"
+    assert retried["turn"]["id"] == accepted["turn"]["id"]
+    assert (await reloaded.session(sid))["eventCount"] == count_before
+    await reloaded.close()
