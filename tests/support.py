@@ -134,9 +134,9 @@ class GraphQLClient:
         return result
 
     async def wait_for_status(
-        self, turn_id: str, statuses: set[str], timeout: float = 20
+        self, turn_id: str, statuses: set[str], within: float = 20
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + within
         while True:
             turn = await self.turn(turn_id)
             assert turn is not None

@@ -25,7 +25,7 @@ async def test_seq_is_gapless_per_session_under_concurrent_writers(
                 "SELECT seq FROM events WHERE session_id = $1::uuid ORDER BY seq", sid
             )
         ]
-        # 15 turns × (started, running, completed)
+        # 15 turns, each: started, running, completed
         assert seqs == list(range(1, 46))
         session = await client.session(sid)
         assert session["eventCount"] == 45
