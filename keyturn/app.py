@@ -1,4 +1,4 @@
-"""The ASGI application: /graphql (HTTP, WebSocket, GraphiQL) and /healthz."""
+"""The ASGI application: /graphql (HTTP, WebSocket, GraphiQL), /healthz, the playground at /."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from strawberry.asgi import GraphQL
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 
 from keyturn.db.engine import create_engine
+from keyturn.playground import playground_mount
 from keyturn.resolvers.context import Context
 from keyturn.runtime.service import Runtime
 from keyturn.schema import schema
@@ -85,6 +86,7 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
             Route("/graphql", graphql_app),
             WebSocketRoute("/graphql", graphql_app),
             Route("/healthz", healthz),
+            playground_mount(),  # last: it answers every other path
         ],
         lifespan=lifespan,
     )

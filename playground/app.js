@@ -1,0 +1,632 @@
+// The Keyturn playground: plain ES module, no build step. Queries and mutations
+// go over HTTP; subscriptions go through the vendored graphql-ws client.
+import { createClient } from "./vendor/graphql-ws.js";
+
+const STORE_LAST = "keyturn.playground.lastSubmission";
+const STORE_SESSION = "keyturn.playground.session";
+const SESSION_PAGES = 10; // at most 10 × 100 sessions in the picker
+const TIMELINE_ROWS = 300; // newest rows kept on the page
+
+const SUBMIT = `mutation Submit($input: SubmitTurnInput!) {
+  submitTurn(input: $input) {
+    __typename
+    ... on TurnAdmission { replayed turn { id status history input idempotencyKey output error } }
+    ... on UserError { code message }
+    ... on IdempotencyConflict { idempotencyKey existingTurnId }
+    ... on SessionNotFound { sessionId }
+    ... on InvalidInput { field }
+  }
+}`;
+const SESSIONS = `query Sessions($after: String) {
+  sessions(first: 100, after: $after) {
+    edges { node { id createdAt defaultHistory eventCount } }
+    pageInfo { hasNextPage endCursor }
+  }
+}`;
+const SESSION = `query Session($id: ID!) {
+  session(id: $id) { id createdAt defaultHistory eventCount }
+}`;
+const EVENT_COUNT = `query EventCount($id: ID!) { session(id: $id) { eventCount } }`;
+const CREATE_SESSION = `mutation CreateSession($history: HistoryMode!) {
+  createSession(input: { defaultHistory: $history }) { id createdAt defaultHistory eventCount }
+}`;
+const SESSION_EVENTS = `subscription SessionEvents($sessionId: ID!, $afterSeq: Int!) {
+  sessionEvents(sessionId: $sessionId, afterSeq: $afterSeq) { seq type turnId data createdAt }
+}`;
+const TURN_COMPLETED = `subscription TurnCompleted($turnId: ID!) {
+  turnCompleted(turnId: $turnId) { id status output error }
+}`;
+
+const EXAMPLES = `# Keyturn: example operations. Pick one from the run button's menu.
+# The variables below name the session open in the playground and a fresh key.
+
+mutation CreateSession {
+  createSession(input: { defaultHistory: FULL }) { id defaultHistory eventCount }
+}
+
+# Run it twice: TurnAccepted, then TurnReplayed with the same turn.
+# Change "input" and run again: IdempotencyConflict.
+mutation Submit($sessionId: ID!, $key: String!, $input: String!) {
+  submitTurn(input: { sessionId: $sessionId, idempotencyKey: $key, input: $input }) {
+    __typename
+    ... on TurnAdmission { replayed turn { id status output } }
+    ... on UserError { code message }
+    ... on IdempotencyConflict { existingTurnId }
+  }
+}
+
+query Session($sessionId: ID!) {
+  session(id: $sessionId) {
+    eventCount
+    events(first: 100) {
+      edges { node { seq type turnId createdAt data } }
+      pageInfo { hasNextPage endCursor }
+    }
+  }
+}
+
+subscription SessionEvents($sessionId: ID!) {
+  sessionEvents(sessionId: $sessionId, afterSeq: 0) { seq type turnId createdAt }
+}
+`;
+
+const STATUS_OF_EVENT = {
+  "turn.started": "QUEUED",
+  "turn.released": "QUEUED",
+  "turn.running": "RUNNING",
+  "turn.completed": "COMPLETED",
+  "turn.failed": "FAILED",
+  "turn.interrupted": "INTERRUPTED",
+};
+const ENDED = new Set(["COMPLETED", "FAILED", "INTERRUPTED"]);
+const KINDS = {
+  TurnAccepted: ["accepted", "Accepted", "A new turn was admitted; its turn.started event is saved."],
+  TurnReplayed: [
+    "replayed",
+    "Replayed",
+    "This key already named this same request: the original turn, nothing new saved.",
+  ],
+  IdempotencyConflict: [
+    "conflict",
+    "Conflict",
+    "This key already names a different request in this session: refused, nothing saved.",
+  ],
+  SessionNotFound: ["error", "Session not found", ""],
+  InvalidInput: ["error", "Invalid input", ""],
+};
+
+const $ = (id) => document.getElementById(id);
+const el = {
+  sessionSelect: $("session-select"),
+  refreshSessions: $("refresh-sessions"),
+  createSession: $("create-session"),
+  createSessionButton: $("create-session-button"),
+  newSessionHistory: $("new-session-history"),
+  sessionFacts: $("session-facts"),
+  sessionId: $("session-id"),
+  sessionDefault: $("session-default-history"),
+  sessionCreated: $("session-created"),
+  historyDefaultHint: $("history-default-hint"),
+  submitForm: $("submit-form"),
+  submitButton: $("submit-button"),
+  key: $("idempotency-key"),
+  newKey: $("new-key"),
+  input: $("turn-input"),
+  retry: $("retry-button"),
+  conflict: $("conflict-button"),
+  lastSummary: $("last-summary"),
+  answer: $("answer"),
+  eventCount: $("event-count"),
+  eventDelta: $("event-delta"),
+  timeline: $("timeline"),
+  timelineEmpty: $("timeline-empty"),
+  liveState: $("live-state"),
+  graphiql: $("graphiql-link"),
+};
+
+const state = {
+  session: null, // { id, createdAt, defaultHistory, eventCount }
+  events: new Map(), // seq -> event, for the open session
+  maxSeq: 0,
+  statuses: new Map(), // turnId -> latest status seen
+  stopEvents: null,
+  stopTurn: null,
+  answerTurnId: null,
+  busy: false,
+};
+
+// ---------------------------------------------------------------- transport
+
+async function gql(query, variables = {}) {
+  const response = await fetch("graphql", {
+    method: "POST",
+    headers: { "content-type": "application/json", accept: "application/json" },
+    body: JSON.stringify({ query, variables }),
+  });
+  const body = await response.json();
+  if (body.errors && body.errors.length) {
+    throw new Error(body.errors.map((e) => e.message).join("; "));
+  }
+  return body.data;
+}
+
+function wsUrl() {
+  const url = new URL("graphql", window.location.href);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  return url.toString();
+}
+
+function setLive(stateName) {
+  el.liveState.dataset.state = stateName;
+  el.liveState.textContent = `live: ${stateName}`;
+}
+
+const ws = createClient({
+  url: wsUrl(),
+  lazy: true,
+  retryAttempts: 1000,
+  shouldRetry: () => true,
+  on: {
+    connecting: () => setLive("connecting"),
+    connected: () => setLive("connected"),
+    closed: () => setLive("disconnected"),
+  },
+});
+
+function subscribe(query, variables, onData) {
+  return ws.subscribe(
+    { query, variables },
+    {
+      next: (message) => {
+        if (message.data) onData(message.data);
+        if (message.errors) console.warn("subscription error", message.errors);
+      },
+      error: (error) => console.warn("subscription failed", error),
+      complete: () => {},
+    },
+  );
+}
+
+// ------------------------------------------------------------------ helpers
+
+function newKey() {
+  const bytes = new Uint8Array(6);
+  crypto.getRandomValues(bytes);
+  return "key-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function short(id) {
+  return id ? id.slice(0, 8) : "–";
+}
+
+function time(iso) {
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return iso;
+  const ms = String(d.getMilliseconds()).padStart(3, "0");
+  return `${d.toLocaleTimeString([], { hour12: false })}.${ms}`;
+}
+
+function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name === "class") node.className = value;
+    else if (name === "dataset") Object.assign(node.dataset, value);
+    else node.setAttribute(name, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function loadLast() {
+  try {
+    return JSON.parse(localStorage.getItem(STORE_LAST) || "null");
+  } catch {
+    return null;
+  }
+}
+
+function saveLast(last) {
+  localStorage.setItem(STORE_LAST, JSON.stringify(last));
+}
+
+function setBusy(busy) {
+  state.busy = busy;
+  el.submitButton.disabled = busy;
+  const last = loadLast();
+  el.retry.disabled = busy || !last;
+  el.conflict.disabled = busy || !last;
+}
+
+// ------------------------------------------------------------------ session
+
+function sessionLabel(s) {
+  const created = new Date(s.createdAt);
+  const options = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" };
+  const when = Number.isNaN(created.getTime()) ? "" : ` · ${created.toLocaleString([], options)}`;
+  return `${short(s.id)} · ${s.defaultHistory} · ${s.eventCount} events${when}`;
+}
+
+async function loadSessions() {
+  const all = [];
+  let after = null;
+  for (let page = 0; page < SESSION_PAGES; page += 1) {
+    const data = await gql(SESSIONS, { after });
+    all.push(...data.sessions.edges.map((e) => e.node));
+    if (!data.sessions.pageInfo.hasNextPage) break;
+    after = data.sessions.pageInfo.endCursor;
+  }
+  all.reverse(); // newest first
+  const current = state.session && state.session.id;
+  if (current && !all.some((s) => s.id === current)) all.unshift(state.session);
+  el.sessionSelect.replaceChildren(
+    ...(all.length
+      ? all.map((s) => h("option", { value: s.id, selected: s.id === current }, sessionLabel(s)))
+      : [h("option", { value: "" }, "No sessions yet: Submit creates one")]),
+  );
+  return all;
+}
+
+function showSession(s) {
+  state.session = s;
+  el.sessionFacts.hidden = !s;
+  if (!s) {
+    el.historyDefaultHint.textContent = "";
+    renderCount();
+    return;
+  }
+  el.sessionId.textContent = s.id;
+  el.sessionDefault.textContent = s.defaultHistory;
+  el.sessionCreated.textContent = new Date(s.createdAt).toLocaleString();
+  el.historyDefaultHint.textContent = `(${s.defaultHistory})`;
+  const option = [...el.sessionSelect.options].find((o) => o.value === s.id);
+  if (option) option.textContent = sessionLabel({ ...s, eventCount: state.maxSeq });
+  updateGraphiqlLink();
+}
+
+async function selectSession(id) {
+  if (state.stopEvents) state.stopEvents();
+  state.stopEvents = null;
+  state.events.clear();
+  state.maxSeq = 0;
+  el.timeline.replaceChildren();
+  el.timelineEmpty.hidden = false;
+  if (!id) {
+    showSession(null);
+    return;
+  }
+  const data = await gql(SESSION, { id });
+  if (!data.session) {
+    localStorage.removeItem(STORE_SESSION);
+    showSession(null);
+    return;
+  }
+  localStorage.setItem(STORE_SESSION, id);
+  state.maxSeq = 0;
+  showSession(data.session);
+  renderCount(data.session.eventCount);
+  el.sessionSelect.value = id;
+  state.stopEvents = subscribe(SESSION_EVENTS, { sessionId: id, afterSeq: 0 }, (d) =>
+    onEvent(id, d.sessionEvents),
+  );
+}
+
+async function createSession(defaultHistory) {
+  const data = await gql(CREATE_SESSION, { history: defaultHistory });
+  const s = data.createSession;
+  state.session = s;
+  await loadSessions();
+  await selectSession(s.id);
+  return s;
+}
+
+// ------------------------------------------------------------------- events
+
+function renderCount(serverCount) {
+  const count = Math.max(serverCount ?? 0, state.maxSeq);
+  el.eventCount.textContent = state.session ? String(count) : "–";
+  el.eventCount.dataset.count = String(count);
+}
+
+function onEvent(sessionId, event) {
+  if (!state.session || state.session.id !== sessionId) return;
+  if (state.events.has(event.seq)) return; // a resubscription re-reads from the start
+  state.events.set(event.seq, event);
+  state.maxSeq = Math.max(state.maxSeq, event.seq);
+  renderCount(Number(el.eventCount.dataset.count || 0));
+  el.timelineEmpty.hidden = true;
+
+  const row = h(
+    "li",
+    { dataset: { seq: event.seq, type: event.type } },
+    h(
+      "details",
+      {},
+      h(
+        "summary",
+        { title: "Show the event's data" },
+        h("span", { class: "seq" }, String(event.seq)),
+        h("span", { class: `etype t-${event.type.replace(/\W/g, "-")}` }, event.type),
+        h("span", { class: "turn mono", title: event.turnId || "" }, short(event.turnId)),
+        h("time", { datetime: event.createdAt, title: event.createdAt }, time(event.createdAt)),
+      ),
+      h("pre", { class: "data" }, JSON.stringify(event.data, null, 2)),
+    ),
+  );
+  // Newest on top; events arrive in seq order, but place by seq regardless.
+  const next = [...el.timeline.children].find((li) => Number(li.dataset.seq) < event.seq);
+  el.timeline.insertBefore(row, next || null);
+  while (el.timeline.children.length > TIMELINE_ROWS) el.timeline.lastElementChild.remove();
+
+  const status = STATUS_OF_EVENT[event.type];
+  if (event.turnId && status) {
+    const before = state.statuses.get(event.turnId);
+    if (!before || !ENDED.has(before)) state.statuses.set(event.turnId, status);
+    if (event.turnId === state.answerTurnId) renderStatus();
+  }
+  const option = [...el.sessionSelect.options].find((o) => o.value === sessionId);
+  if (option) option.textContent = sessionLabel({ ...state.session, eventCount: state.maxSeq });
+}
+
+// ------------------------------------------------------------------- submit
+
+async function eventCount(sessionId) {
+  const data = await gql(EVENT_COUNT, { id: sessionId });
+  return data.session ? data.session.eventCount : null;
+}
+
+function currentRequest() {
+  const history = el.submitForm.elements.history.value;
+  const request = {
+    sessionId: state.session.id,
+    idempotencyKey: el.key.value,
+    input: el.input.value,
+  };
+  if (history) request.history = history;
+  return request;
+}
+
+async function send(request, how) {
+  setBusy(true);
+  try {
+    if (!state.session || state.session.id !== request.sessionId) {
+      await selectSession(request.sessionId);
+    }
+    const before = await eventCount(request.sessionId);
+    const data = await gql(SUBMIT, { input: request });
+    const result = data.submitTurn;
+    const after = await eventCount(request.sessionId);
+    renderAnswer(result, { request, how, before, after });
+    return result;
+  } catch (error) {
+    renderFailure(error);
+    return null;
+  } finally {
+    setBusy(false);
+  }
+}
+
+async function onSubmit(event) {
+  event.preventDefault();
+  if (state.busy) return;
+  if (!el.key.value.trim()) el.key.value = newKey();
+  try {
+    if (!state.session) await createSession(el.newSessionHistory.value);
+  } catch (error) {
+    renderFailure(error);
+    return;
+  }
+  const request = currentRequest();
+  const result = await send(request, "submit");
+  if (!result) return;
+  const turn = result.turn;
+  saveLast({
+    request,
+    at: new Date().toISOString(),
+    typename: result.__typename,
+    turnId: turn ? turn.id : null,
+  });
+  renderLast();
+  // A new key for the next intended turn; the retry buttons keep the old one.
+  if (result.__typename === "TurnAccepted") el.key.value = newKey();
+}
+
+async function onRetry() {
+  const last = loadLast();
+  if (!last || state.busy) return;
+  await send(last.request, "retry");
+}
+
+async function onConflict() {
+  const last = loadLast();
+  if (!last || state.busy) return;
+  const changed = { ...last.request, input: `${last.request.input} (changed)` };
+  await send(changed, "changed");
+}
+
+function renderLast() {
+  const last = loadLast();
+  el.retry.disabled = state.busy || !last;
+  el.conflict.disabled = state.busy || !last;
+  if (!last) {
+    el.lastSummary.textContent = "Nothing submitted from this browser yet.";
+    return;
+  }
+  const r = last.request;
+  el.lastSummary.replaceChildren(
+    "Last submission, kept in this browser: key ",
+    h("code", {}, r.idempotencyKey),
+    ", input ",
+    h("code", {}, JSON.stringify(r.input)),
+    `, history ${r.history || "session default"}, session `,
+    h("code", { title: r.sessionId }, short(r.sessionId)),
+    last.turnId ? ", first answered with turn " : "",
+    last.turnId ? h("code", { title: last.turnId }, short(last.turnId)) : "",
+    ".",
+  );
+}
+
+// ------------------------------------------------------------------- answer
+
+function renderStatus() {
+  const node = el.answer.querySelector("[data-role=status]");
+  if (!node) return;
+  const status = state.statuses.get(state.answerTurnId) || "";
+  node.textContent = status;
+  node.dataset.status = status;
+}
+
+function renderAnswer(result, { request, how, before, after }) {
+  if (state.stopTurn) state.stopTurn();
+  state.stopTurn = null;
+  const typename = result.__typename;
+  const [kind, title, blurb] = KINDS[typename] || ["error", typename, ""];
+  const turn = result.turn || null;
+  state.answerTurnId = turn ? turn.id : null;
+  if (turn) {
+    const seen = state.statuses.get(turn.id);
+    if (!seen || !ENDED.has(seen)) state.statuses.set(turn.id, turn.status);
+  }
+  const last = loadLast();
+  const original = how === "retry" && last && last.turnId;
+  const delta = before !== null && after !== null ? after - before : null;
+  const howText = {
+    submit: "Submitted",
+    retry: "Retried the last submission",
+    changed: "Same key, changed input",
+  }[how];
+
+  const rows = [];
+  const fact = (label, ...value) => rows.push(h("dt", {}, label), h("dd", {}, ...value));
+  if (turn) {
+    fact("Turn", h("code", { "data-role": "turn-id" }, turn.id));
+    if (original) {
+      fact(
+        "Same turn?",
+        turn.id === original
+          ? h("span", { class: "ok", "data-role": "same-turn" }, "yes, the turn first answered")
+          : h("span", { class: "bad", "data-role": "same-turn" }, `no: first was ${short(original)}`),
+      );
+    }
+    fact("Status", h("span", { class: "status", "data-role": "status" }, ""));
+    fact("Key", h("code", {}, turn.idempotencyKey));
+    fact("Input", h("code", {}, JSON.stringify(turn.input)), ` · history ${turn.history}`);
+    fact("Output", h("span", { "data-role": "output" }, turn.output || turn.error || "…"));
+  } else {
+    if (result.message) fact("Message", result.message);
+    if (result.existingTurnId) fact("Existing turn", h("code", {}, result.existingTurnId));
+    fact("Key", h("code", {}, request.idempotencyKey));
+    fact("Input sent", h("code", {}, JSON.stringify(request.input)));
+  }
+  if (delta !== null) {
+    fact(
+      "Events saved",
+      h(
+        "span",
+        { "data-role": "delta", dataset: { delta } },
+        `${before} before the request, ${after} after the answer: `,
+        delta === 0 ? h("strong", {}, "nothing new") : h("strong", {}, `+${delta}`),
+      ),
+    );
+  }
+
+  el.answer.dataset.kind = kind;
+  el.answer.dataset.typename = typename;
+  const blurbNode = blurb ? h("p", { class: "blurb" }, blurb) : "";
+  el.answer.replaceChildren(
+    h(
+      "div",
+      { class: "answer-head" },
+      h("span", { class: `badge ${kind}`, "data-role": "kind" }, title),
+      h("code", { class: "typename", "data-role": "typename" }, typename),
+      h("span", { class: "muted how" }, howText),
+    ),
+    blurbNode,
+    h("dl", { class: "facts" }, rows),
+  );
+  renderStatus();
+  el.eventDelta.textContent =
+    delta === null ? "" : `The last request changed the count by ${delta >= 0 ? "+" : ""}${delta}.`;
+
+  if (turn && !ENDED.has(state.statuses.get(turn.id))) {
+    const turnId = turn.id;
+    state.stopTurn = subscribe(TURN_COMPLETED, { turnId }, (d) => {
+      const done = d.turnCompleted;
+      state.statuses.set(done.id, done.status);
+      if (state.answerTurnId !== done.id) return;
+      renderStatus();
+      const out = el.answer.querySelector("[data-role=output]");
+      if (out) out.textContent = done.output || done.error || "";
+    });
+  }
+}
+
+function renderFailure(error) {
+  el.answer.dataset.kind = "error";
+  el.answer.dataset.typename = "";
+  el.answer.replaceChildren(
+    h("div", { class: "answer-head" }, h("span", { class: "badge error" }, "Request failed")),
+    h("p", { class: "blurb" }, String(error.message || error)),
+  );
+}
+
+// -------------------------------------------------------------------- links
+
+function updateGraphiqlLink() {
+  const variables = {
+    sessionId: state.session ? state.session.id : "paste a session id",
+    key: newKey(),
+    input: "hello",
+  };
+  // Strawberry's GraphiQL page reads the document from "q" and the variables from "variables".
+  el.graphiql.href =
+    "graphql?q=" +
+    encodeURIComponent(EXAMPLES) +
+    "&variables=" +
+    encodeURIComponent(JSON.stringify(variables, null, 2));
+}
+
+// --------------------------------------------------------------------- init
+
+async function init() {
+  el.key.value = newKey();
+  updateGraphiqlLink();
+  renderLast();
+  el.submitForm.addEventListener("submit", onSubmit);
+  el.newKey.addEventListener("click", () => {
+    el.key.value = newKey();
+    el.key.focus();
+  });
+  el.retry.addEventListener("click", onRetry);
+  el.conflict.addEventListener("click", onConflict);
+  el.sessionSelect.addEventListener("change", () => selectSession(el.sessionSelect.value));
+  el.refreshSessions.addEventListener("click", () => loadSessions());
+  el.createSession.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    el.createSessionButton.disabled = true;
+    try {
+      await createSession(el.newSessionHistory.value);
+    } catch (error) {
+      renderFailure(error);
+    } finally {
+      el.createSessionButton.disabled = false;
+    }
+  });
+
+  try {
+    const last = loadLast();
+    const remembered = localStorage.getItem(STORE_SESSION) || (last && last.request.sessionId);
+    const sessions = await loadSessions();
+    const pick = remembered || (sessions[0] && sessions[0].id) || "";
+    await selectSession(pick);
+    if (!state.session && sessions[0]) await selectSession(sessions[0].id);
+  } catch (error) {
+    renderFailure(error);
+  }
+  document.body.dataset.ready = "true";
+}
+
+init();
