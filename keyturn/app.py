@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
+from types import FrameType
 from typing import Any
 
 from sqlalchemy import text
@@ -45,6 +48,32 @@ def resolve_database_url(settings: Settings) -> str:
     return url
 
 
+def _drain_on_sigterm(runtime: Runtime) -> Callable[[], None]:
+    """Chain onto uvicorn's SIGTERM/SIGINT handler so that draining starts the
+    moment the signal arrives, not only once uvicorn has closed every
+    connection and reached lifespan shutdown."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        runtime.drain()
+        prev = previous[signal.Signals(signum)]
+        if callable(prev):
+            prev(signum, frame)
+
+    for sig, prev in previous.items():
+        if getattr(getattr(prev, "__self__", None), "__module__", "").startswith("uvicorn"):
+            signal.signal(sig, handler)
+
+    def restore() -> None:
+        for sig, prev in previous.items():
+            if signal.getsignal(sig) is handler:
+                signal.signal(sig, prev)
+
+    return restore
+
+
 def create_app(settings: Settings | None = None, *, database_url: str | None = None) -> Starlette:
     settings = settings or Settings()
     state: dict[str, Runtime] = {}
@@ -56,9 +85,11 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
         runtime = Runtime(engine=engine, settings=settings, database_url=url)
         await runtime.start()
         state["runtime"] = runtime
+        restore = _drain_on_sigterm(runtime)
         try:
             yield
         finally:
+            restore()
             await runtime.stop()
             await engine.dispose()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -93,8 +94,10 @@ class Listener:
         return None if self._conn is None else int(self._conn.get_server_pid())
 
     async def _connect(self) -> None:
+        # The process id in the name lets an operator (or a test) find this
+        # process's listener in pg_stat_activity.
         conn = await asyncpg.connect(
-            self._dsn, server_settings={"application_name": "keyturn-listener"}
+            self._dsn, server_settings={"application_name": f"keyturn-listener:{os.getpid()}"}
         )
         self._lost.clear()
         conn.add_termination_listener(lambda _c: self._lost.set())

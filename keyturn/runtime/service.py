@@ -65,6 +65,14 @@ class Runtime:
         self.accepting = True
         log.info("runtime started as %s", self.owner)
 
+    def drain(self) -> None:
+        """The process was asked to stop: admit nothing and claim nothing more,
+        so that other processes take the queue, while running turns finish."""
+        if self.accepting:
+            log.info("draining: no new admissions or claims; running turns go on")
+        self.accepting = False
+        self.worker.drain()
+
     async def stop(self) -> None:
         self.accepting = False
         await self.worker.stop()

@@ -83,6 +83,11 @@ class Worker:
     def wake(self) -> None:
         self._wake.set()
 
+    def drain(self) -> None:
+        """Claim nothing more; turns already running go on."""
+        self._stopping = True
+        self._wake.set()
+
     async def stop(self) -> None:
         """Stop claiming; let running turns finish within the grace period; hand
         the rest back to the queue for another process."""
