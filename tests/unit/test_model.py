@@ -1,0 +1,22 @@
+"""The fixture model: deterministic, with its directives."""
+
+from __future__ import annotations
+
+import pytest
+
+from keyturn.runtime.model import FixtureModel, ModelError, PastTurn
+
+
+async def test_same_input_and_history_give_the_same_output() -> None:
+    model = FixtureModel()
+    history = [PastTurn("a", "out a", "COMPLETED"), PastTurn("b", None, "INTERRUPTED")]
+    first = await model.reply(input="q", history=history)
+    again = await model.reply(input="q", history=list(history))
+    assert first == again
+    assert "2 earlier turn(s)" in first and "2. b [interrupted]" in first
+    assert await model.reply(input="q", history=history[:1]) != first
+
+
+async def test_fail_directive_raises_model_error() -> None:
+    with pytest.raises(ModelError):
+        await FixtureModel().reply(input="/fail", history=[])
