@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install serve test test-fast test-db lint format schema clean
+.PHONY: install serve test test-fast test-db lint format schema clean bench
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Keyturn needs Python 3.11 or newer")'
@@ -37,6 +37,11 @@ lint: install
 format: install
 	$(VENV)/bin/ruff format keyturn tests
 	$(VENV)/bin/ruff check --fix keyturn tests
+
+# The benchmark (bench/README.md): Keyturn beside its floor and a REST peer.
+# A smaller run: make bench BENCH_ARGS="--smoke"
+bench: install
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 # Rewrites schema.graphql from the code (a test fails when the two drift).
 schema: install

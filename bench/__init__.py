@@ -1,0 +1,1 @@
+"""The benchmark: Keyturn beside its floor (raw asyncpg) and a peer (hand-written REST)."""
