@@ -287,7 +287,20 @@ function showSession(s) {
   updateGraphiqlLink();
 }
 
+function clearAnswer() {
+  if (state.stopTurn) state.stopTurn();
+  state.stopTurn = null;
+  state.answerTurnId = null;
+  el.answer.dataset.kind = "none";
+  el.answer.dataset.typename = "";
+  el.answer.replaceChildren(
+    h("p", { class: "muted" }, "Submit a turn to see the server's answer here."),
+  );
+  el.eventDelta.textContent = "";
+}
+
 async function selectSession(id) {
+  if (state.session && state.session.id !== id) clearAnswer();
   if (state.stopEvents) state.stopEvents();
   state.stopEvents = null;
   state.events.clear();
@@ -365,7 +378,12 @@ function onEvent(sessionId, event) {
   if (event.turnId && status) {
     const before = state.statuses.get(event.turnId);
     if (!before || !ENDED.has(before)) state.statuses.set(event.turnId, status);
-    if (event.turnId === state.answerTurnId) renderStatus();
+    if (event.turnId === state.answerTurnId) {
+      renderStatus();
+      const said = event.data && (event.data.output || event.data.error);
+      const out = el.answer.querySelector("[data-role=output]");
+      if (said && out) out.textContent = said;
+    }
   }
   const option = [...el.sessionSelect.options].find((o) => o.value === sessionId);
   if (option) option.textContent = sessionLabel({ ...state.session, eventCount: state.maxSeq });
@@ -396,6 +414,7 @@ async function send(request, how) {
       await selectSession(request.sessionId);
     }
     const before = await eventCount(request.sessionId);
+    renderPending(request);
     const data = await gql(SUBMIT, { input: request });
     const result = data.submitTurn;
     const after = await eventCount(request.sessionId);
@@ -562,6 +581,17 @@ function renderAnswer(result, { request, how, before, after }) {
       if (out) out.textContent = done.output || done.error || "";
     });
   }
+}
+
+function renderPending(request) {
+  if (state.stopTurn) state.stopTurn();
+  state.stopTurn = null;
+  state.answerTurnId = null;
+  el.answer.dataset.kind = "pending";
+  el.answer.dataset.typename = "";
+  el.answer.replaceChildren(
+    h("p", { class: "muted" }, "Sending with key ", h("code", {}, request.idempotencyKey), "…"),
+  );
 }
 
 function renderFailure(error) {

@@ -1,0 +1,263 @@
+"""The playground in headless Chromium, against a real ``keyturn serve`` and database.
+
+The demo a person runs: submit, watch the turn complete live, reload, retry the
+last submission (Replayed, same turn, no new events), then reuse the key for a
+changed input (Conflict, nothing written). Screenshots go to
+test-artifacts/playground/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from tests.support import ServerProcess, start_server_process, stop_process
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path(os.environ.get("KEYTURN_TEST_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+LIVE = 15_000  # ms to wait for something the server pushes
+
+
+@pytest.fixture
+def shots(artifacts: Path) -> Path:
+    folder = artifacts / "playground"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def live_server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+    server = start_server_process(database_url, tmp_path, name="playground")
+    try:
+        yield server
+    finally:
+        stop_process(server)
+
+
+@pytest.fixture
+def chromium() -> Path:
+    if not CHROMIUM.exists():
+        reason = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}: the browser tests must run in CI")
+        pytest.skip(reason)
+    return CHROMIUM
+
+
+@pytest.fixture
+async def browser(chromium: Path) -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=str(chromium), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = await context.new_page()
+    problems: list[str] = []
+    opened.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    opened.on(
+        "console",
+        lambda msg: (
+            problems.append(f"console {msg.type}: {msg.text}")
+            if msg.type in ("error", "warning")
+            else None
+        ),
+    )
+    yield opened
+    await context.close()
+    assert problems == []
+
+
+async def open_playground(page: Page, url: str) -> None:
+    await page.goto(url + "/")
+    await expect(page.locator("body")).to_have_attribute("data-ready", "true")
+
+
+async def record(db: Any, session_id: str) -> tuple[int, int]:
+    """(turns, events) saved for the session, straight from the tables."""
+    turns = await db.fetchval("SELECT count(*) FROM turns WHERE session_id = $1::uuid", session_id)
+    events = await db.fetchval(
+        "SELECT count(*) FROM events WHERE session_id = $1::uuid", session_id
+    )
+    return int(turns), int(events)
+
+
+async def test_submit_reload_retry_replays_and_changed_input_conflicts(
+    live_server: ServerProcess, page: Page, db: Any, shots: Path
+) -> None:
+    await open_playground(page, live_server.url)
+    await page.get_by_role("button", name="New session").click()
+    session_id_node = page.locator("#session-id")
+    await expect(session_id_node).to_have_text(re.compile(r"^[0-9a-f-]{36}$"))
+    session_id = await session_id_node.inner_text()
+    await expect(page.locator("#session-default-history")).to_have_text("FULL")
+
+    # Submit: Accepted at once, the completion arrives live.
+    key = await page.get_by_label("Idempotency key").input_value()
+    assert key
+    await page.get_by_label("Input").fill("/sleep 1500 hello playground")
+    await page.get_by_role("button", name="Submit turn").click()
+    answer = page.locator("#answer")
+    await expect(answer.locator("[data-role=kind]")).to_have_text("Accepted")
+    await expect(answer.locator("[data-role=typename]")).to_have_text("TurnAccepted")
+    turn_id = await answer.locator("[data-role=turn-id]").inner_text()
+    status = answer.locator("[data-role=status]")
+    assert await status.inner_text() in {"QUEUED", "RUNNING"}
+    await expect(status).to_have_text("COMPLETED", timeout=LIVE)
+    await expect(answer.locator("[data-role=output]")).to_contain_text(
+        "fixture reply to: /sleep 1500 hello playground"
+    )
+    counter = page.locator("#event-count")
+    await expect(counter).to_have_text("3", timeout=LIVE)
+    await expect(page.locator("#timeline > li")).to_have_count(3)
+    await page.screenshot(path=shots / "1-accepted-completed.png", full_page=True)
+    saved = await record(db, session_id)
+    assert saved == (1, 3)
+
+    # Reload: the last submission survives in localStorage; the retry replays.
+    await page.reload()
+    await expect(page.locator("body")).to_have_attribute("data-ready", "true")
+    await expect(page.locator("#session-id")).to_have_text(session_id)
+    await expect(counter).to_have_text("3")
+    await expect(page.locator("#last-summary")).to_contain_text(key)
+    await page.get_by_role("button", name="Retry last submission").click()
+    await expect(answer.locator("[data-role=typename]")).to_have_text("TurnReplayed")
+    await expect(answer.locator("[data-role=kind]")).to_have_text("Replayed")
+    assert await answer.locator("[data-role=turn-id]").inner_text() == turn_id
+    await expect(answer.locator("[data-role=same-turn]")).to_contain_text("yes")
+    await expect(answer.locator("[data-role=delta]")).to_have_attribute("data-delta", "0")
+    await expect(status).to_have_text("COMPLETED")
+    await expect(counter).to_have_text("3")
+    await page.screenshot(path=shots / "2-reloaded-retry-replayed.png", full_page=True)
+    assert await record(db, session_id) == saved
+
+    # The same key with a changed input: Conflict, nothing written.
+    await page.get_by_role("button", name="Same key, changed input").click()
+    await expect(answer.locator("[data-role=typename]")).to_have_text("IdempotencyConflict")
+    await expect(answer.locator("[data-role=kind]")).to_have_text("Conflict")
+    await expect(answer).to_contain_text(turn_id)
+    await expect(answer.locator("[data-role=delta]")).to_have_attribute("data-delta", "0")
+    await expect(counter).to_have_text("3")
+    await expect(page.locator("#timeline > li")).to_have_count(3)
+    await page.screenshot(path=shots / "3-changed-input-conflict.png", full_page=True)
+    assert await record(db, session_id) == saved
+    keys = await db.fetch(
+        "SELECT idempotency_key FROM turns WHERE session_id = $1::uuid", session_id
+    )
+    assert [r["idempotency_key"] for r in keys] == [key]
+
+
+async def test_sessions_history_keyboard_timeline_and_narrow_window(
+    live_server: ServerProcess, page: Page, db: Any, shots: Path
+) -> None:
+    await open_playground(page, live_server.url)
+    picker = page.get_by_label("Pick a session")
+    await expect(picker).to_contain_text("No sessions yet")
+
+    # Keyboard only: type the input, then Enter in the key field submits; with
+    # no session yet the page creates one (default FULL) first.
+    await page.get_by_label("Input").focus()
+    await page.keyboard.press("ControlOrMeta+a")
+    await page.keyboard.type("first turn")
+    await page.get_by_label("Idempotency key").focus()
+    await page.keyboard.press("Enter")
+    answer = page.locator("#answer")
+    await expect(answer.locator("[data-role=typename]")).to_have_text("TurnAccepted")
+    await expect(answer.locator("[data-role=status]")).to_have_text("COMPLETED", timeout=LIVE)
+    first_session = await page.locator("#session-id").inner_text()
+
+    # A second session whose default history is NONE; a turn may override it.
+    await page.get_by_label("Default history").select_option("NONE")
+    await page.get_by_role("button", name="New session").click()
+    await expect(page.locator("#session-default-history")).to_have_text("NONE")
+    await expect(page.locator("#history-default-hint")).to_have_text("(NONE)")
+    second_session = await page.locator("#session-id").inner_text()
+    assert second_session != first_session
+    await expect(picker.locator("option")).to_have_count(2)
+    await page.get_by_label("Input").fill("second turn")
+    await page.get_by_role("radio", name="FULL", exact=True).check()
+    await page.get_by_role("button", name="Submit turn").click()
+    await expect(answer).to_contain_text('"second turn" · history FULL')
+    await expect(answer.locator("[data-role=typename]")).to_have_text("TurnAccepted")
+    history = await db.fetchval(
+        "SELECT history FROM turns WHERE session_id = $1::uuid", second_session
+    )
+    assert history == "FULL"
+
+    # Pick the first session from the list: its record and timeline come back.
+    await picker.select_option(first_session)
+    await expect(page.locator("#session-id")).to_have_text(first_session)
+    await expect(page.locator("#session-default-history")).to_have_text("FULL")
+    await expect(answer).to_have_attribute("data-kind", "none")  # it was another session's
+    await expect(page.locator("#event-count")).to_have_text("3")
+    rows = page.locator("#timeline > li")
+    await expect(rows).to_have_count(3)
+    assert await rows.evaluate_all("rows => rows.map(r => r.dataset.type)") == [
+        "turn.completed",
+        "turn.running",
+        "turn.started",
+    ]
+    # Fold an event open from the keyboard.
+    started = rows.filter(has_text="turn.started").locator("summary")
+    await started.focus()
+    await page.keyboard.press("Enter")
+    data = rows.filter(has_text="turn.started").locator("pre")
+    await expect(data).to_be_visible()
+    await expect(data).to_contain_text('"idempotencyKey"')
+
+    # GraphiQL, opened with the example operations and this session's id.
+    link = page.get_by_role("link", name="GraphiQL with example operations")
+    href = await link.get_attribute("href")
+    assert href is not None and href.startswith("graphql?q=")
+    target = await link.evaluate("a => a.href")
+    assert first_session in httpx.URL(target).params["variables"]
+    assert "mutation Submit" in httpx.URL(target).params["q"]
+    async with httpx.AsyncClient(timeout=10) as http:
+        graphiql = await http.get(target, headers={"accept": "text/html"})
+    assert graphiql.status_code == 200 and "graphiql" in graphiql.text.lower()
+    await page.screenshot(path=shots / "4-sessions-timeline.png", full_page=True)
+
+    # A narrow window: one column, nothing wider than the screen.
+    await page.set_viewport_size({"width": 380, "height": 800})
+    overflow = await page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    assert overflow <= 0
+    await expect(page.get_by_role("button", name="Retry last submission")).to_be_visible()
+    await page.screenshot(path=shots / "5-narrow-window.png", full_page=True)
+
+
+async def test_only_the_pages_own_files_are_served(live_server: ServerProcess) -> None:
+    async with httpx.AsyncClient(base_url=live_server.url, timeout=10) as http:
+        index = await http.get("/")
+        assert index.status_code == 200
+        assert "Keyturn playground" in index.text
+        for path in ("/app.js", "/style.css", "/favicon.svg", "/vendor/graphql-ws.js"):
+            assert (await http.get(path)).status_code == 200, path
+        for path in ("/package.json", "/build.mjs", "/node_modules/graphql-ws/package.json"):
+            assert (await http.get(path)).status_code == 404, path
+        assert (await http.get("/healthz")).status_code == 200
