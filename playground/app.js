@@ -245,7 +245,10 @@ function setBusy(busy) {
 
 function sessionLabel(s) {
   const created = new Date(s.createdAt);
-  const options = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" };
+  const today = created.toDateString() === new Date().toDateString();
+  const options = today
+    ? { hour: "2-digit", minute: "2-digit" }
+    : { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" };
   const when = Number.isNaN(created.getTime()) ? "" : ` · ${created.toLocaleString([], options)}`;
   return `${short(s.id)} · ${s.defaultHistory} · ${s.eventCount} events${when}`;
 }
