@@ -169,7 +169,8 @@ const ws = createClient({
   on: {
     connecting: () => setLive("connecting"),
     connected: () => setLive("connected"),
-    closed: () => setLive("disconnected"),
+    // A normal close is the lazy client idling with no subscription open.
+    closed: (event) => setLive(event && event.code === 1000 ? "idle" : "disconnected"),
   },
 });
 
@@ -321,7 +322,6 @@ async function selectSession(id) {
     return;
   }
   localStorage.setItem(STORE_SESSION, id);
-  state.maxSeq = 0;
   showSession(data.session);
   renderCount(data.session.eventCount);
   el.sessionSelect.value = id;
