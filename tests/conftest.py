@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -30,16 +32,21 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_url() -> Iterator[str]:
     external = os.environ.get("KEYTURN_TEST_DATABASE_URL")
     if external:
         yield external
         return
     from keyturn.db import embedded
 
-    url, handle = embedded.start(tmp_path_factory.mktemp("embedded"))
+    # Not under pytest's own temporary tree: pytest makes that private (0700)
+    # at every start, and run as root the embedded server is another user who
+    # must be able to reach its data.
+    data_dir = Path(tempfile.mkdtemp(prefix="keyturn-test-pg-"))
+    url, handle = embedded.start(data_dir)
     yield url
     handle.cleanup()
+    shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

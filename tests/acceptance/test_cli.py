@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from keyturn.db.migrate import head_revision
@@ -15,10 +19,26 @@ from tests.support import GraphQLClient, start_server_process, stop_process
 pytestmark = pytest.mark.slow
 
 
+def postgres_running(data_dir: Path) -> list[int]:
+    return [
+        p.pid
+        for p in psutil.process_iter(["name", "cmdline"])
+        if p.info["name"] == "postgres" and str(data_dir) in " ".join(p.info["cmdline"] or [])
+    ]
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    # Outside pytest's private temporary tree (see conftest.server_url).
+    path = Path(tempfile.mkdtemp(prefix="keyturn-cli-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 async def test_serve_with_no_database_configured_uses_embedded_postgres_and_keeps_data(
-    tmp_path: Path,
+    data_dir: Path,
 ) -> None:
-    first = start_server_process(None, tmp_path, name="embedded-1")
+    first = start_server_process(None, data_dir, name="embedded-1")
     try:
         client = GraphQLClient(first.url)
         sid = await client.create_session()
@@ -28,9 +48,11 @@ async def test_serve_with_no_database_configured_uses_embedded_postgres_and_keep
     finally:
         stop_process(first)
     assert "embedded PostgreSQL" in first.log()
-    assert (tmp_path / ".keyturn" / "pgdata" / "PG_VERSION").exists()
+    # A clean stop stops the embedded server too: nothing is left running.
+    assert postgres_running(data_dir) == []
+    assert (data_dir / ".keyturn" / "pgdata" / "PG_VERSION").exists()
 
-    second = start_server_process(None, tmp_path, name="embedded-2")
+    second = start_server_process(None, data_dir, name="embedded-2")
     try:
         client = GraphQLClient(second.url)
         replay = await client.submit(sid, "k", "hello")
