@@ -95,6 +95,7 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
         runtime = Runtime(engine=engine, settings=settings, database_url=url)
         await runtime.start()
         state["runtime"] = runtime
+        _app.state.runtime = runtime
         restore = _drain_on_sigterm(runtime)
         try:
             yield

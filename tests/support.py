@@ -155,14 +155,11 @@ class InProcessServer:
     database_url: str
     server: uvicorn.Server
     task: asyncio.Task[None]
+    app: Any
 
     @property
     def ws_url(self) -> str:
         return self.url.replace("http://", "ws://") + "/graphql"
-
-    @property
-    def runtime(self) -> Any:
-        return self.server.config.loaded_app  # pragma: no cover - debugging aid
 
 
 @contextlib.asynccontextmanager
@@ -179,7 +176,7 @@ async def serve_in_process(
             task.result()
         await asyncio.sleep(0.02)
     try:
-        yield InProcessServer(f"http://127.0.0.1:{port}", database_url, server, task)
+        yield InProcessServer(f"http://127.0.0.1:{port}", database_url, server, task, app)
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 30)
