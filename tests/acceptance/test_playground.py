@@ -107,7 +107,7 @@ async def record(db: Any, session_id: str) -> tuple[int, int]:
 
 
 async def test_submit_reload_retry_replays_and_changed_input_conflicts(
-    live_server: ServerProcess, page: Page, db: Any, shots: Path
+    page: Page, live_server: ServerProcess, db: Any, shots: Path
 ) -> None:
     await open_playground(page, live_server.url)
     await page.get_by_role("button", name="New session").click()
@@ -172,7 +172,7 @@ async def test_submit_reload_retry_replays_and_changed_input_conflicts(
 
 
 async def test_sessions_history_keyboard_timeline_and_narrow_window(
-    live_server: ServerProcess, page: Page, db: Any, shots: Path
+    page: Page, live_server: ServerProcess, db: Any, shots: Path
 ) -> None:
     await open_playground(page, live_server.url)
     picker = page.get_by_label("Pick a session")
