@@ -65,6 +65,9 @@ class Listener:
         self._pending: set[str] = set()
         self._has_pending = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # One query at a time on the connection: the health check and the
+        # sender would otherwise collide ("another operation is in progress").
+        self._io = asyncio.Lock()
         self.connected = asyncio.Event()
         self.reconnects = 0
 
@@ -95,9 +98,15 @@ class Listener:
 
     async def _connect(self) -> None:
         # The process id in the name lets an operator (or a test) find this
-        # process's listener in pg_stat_activity.
+        # process's listener in pg_stat_activity. A NOTIFY needs a transaction
+        # id, so each one is a commit; it protects no data (a lost wake-up is
+        # found by the subscribers' poll), so it need not wait for the WAL flush.
         conn = await asyncpg.connect(
-            self._dsn, server_settings={"application_name": f"keyturn-listener:{os.getpid()}"}
+            self._dsn,
+            server_settings={
+                "application_name": f"keyturn-listener:{os.getpid()}",
+                "synchronous_commit": "off",
+            },
         )
         self._lost.clear()
         conn.add_termination_listener(lambda _c: self._lost.set())
@@ -122,7 +131,8 @@ class Listener:
             except TimeoutError:
                 # A half-open TCP connection never reports itself: ask.
                 try:
-                    await asyncio.wait_for(self._conn.fetchval("SELECT 1"), 5)
+                    async with self._io:
+                        await asyncio.wait_for(self._conn.fetchval("SELECT 1"), 5)
                     continue
                 except Exception:
                     self._lost.set()
@@ -150,8 +160,9 @@ class Listener:
             self._has_pending.clear()
             ids, self._pending = self._pending, set()
             try:
-                for payload in _chunks(sorted(ids)):
-                    await self._conn.execute("SELECT pg_notify($1, $2)", CHANNEL, payload)
+                async with self._io:
+                    for payload in _chunks(sorted(ids)):
+                        await self._conn.execute("SELECT pg_notify($1, $2)", CHANNEL, payload)
             except Exception as error:  # the supervisor reconnects; keep the ids
                 log.warning("sending wake-up failed (%s); will resend", type(error).__name__)
                 self._pending |= ids
