@@ -34,8 +34,14 @@ class SessionBase(SQLModel):
 
 class Session(SessionBase, table=True):
     __tablename__ = "sessions"
+    __table_args__ = (Index("ix_sessions_tenant_created", "tenant", "created_at", "id"),)
 
     id: uuid.UUID = Field(primary_key=True)
+    # The tenant of the token that created the session ("" when the server
+    # runs without tokens). Everything in the session is visible to it alone.
+    tenant: str = Field(
+        default="", sa_column=Column(Text, nullable=False, server_default=text("''"))
+    )
     created_at: datetime = Field(sa_column=_now_column())
     # The last seq handed out to this session's events. Bumped in the same
     # transaction that appends an event: the row lock orders the commits, so
@@ -108,3 +114,16 @@ class Event(SQLModel, table=True):
     type: str = Field(sa_column=Column(Text, nullable=False))
     data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSONB, nullable=False))
     created_at: datetime = Field(sa_column=_now_column())
+
+
+class ApiToken(SQLModel, table=True):
+    """An API token. Only a hash of the secret is kept; the secret is shown once."""
+
+    __tablename__ = "api_tokens"
+
+    id: uuid.UUID = Field(primary_key=True)
+    name: str = Field(sa_column=Column(Text, nullable=False, unique=True))
+    tenant: str = Field(sa_column=Column(Text, nullable=False))
+    token_hash: str = Field(sa_column=Column(Text, nullable=False, unique=True))
+    created_at: datetime = Field(sa_column=_now_column())
+    revoked_at: datetime | None = Field(default=None, sa_column=_now_column(nullable=True))
