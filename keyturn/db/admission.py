@@ -25,7 +25,7 @@ _LOOKUP = text(
            {", ".join("t." + c.strip() + " AS t_" + c.strip() for c in TURN_COLUMNS.split(","))}
     FROM sessions s
     LEFT JOIN turns t ON t.session_id = s.id AND t.idempotency_key = :key
-    WHERE s.id = :session_id
+    WHERE s.id = :session_id AND s.tenant = :tenant
     """
 )
 
@@ -36,7 +36,8 @@ _LOOKUP = text(
 _ADMIT = text(
     f"""
     WITH s AS (
-        SELECT id, event_seq FROM sessions WHERE id = :session_id FOR UPDATE
+        SELECT id, event_seq FROM sessions
+        WHERE id = :session_id AND tenant = :tenant FOR UPDATE
     ), ins AS (
         INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history,
                            status, admit_seq)
@@ -74,8 +75,12 @@ class AdmissionLookup:
     existing: Turn | None
 
 
-async def lookup(conn: AsyncConnection, *, session_id: uuid.UUID, key: str) -> AdmissionLookup:
-    row = (await conn.execute(_LOOKUP, {"session_id": session_id, "key": key})).first()
+async def lookup(
+    conn: AsyncConnection, *, tenant: str, session_id: uuid.UUID, key: str
+) -> AdmissionLookup:
+    row = (
+        await conn.execute(_LOOKUP, {"tenant": tenant, "session_id": session_id, "key": key})
+    ).first()
     if row is None:
         return AdmissionLookup(False, None, None)
     existing = turn_from_row(row, "t_") if row.t_id is not None else None
@@ -85,6 +90,7 @@ async def lookup(conn: AsyncConnection, *, session_id: uuid.UUID, key: str) -> A
 async def insert_turn(
     conn: AsyncConnection,
     *,
+    tenant: str,
     turn_id: uuid.UUID,
     session_id: uuid.UUID,
     key: str,
@@ -99,6 +105,7 @@ async def insert_turn(
         await conn.execute(
             _ADMIT,
             {
+                "tenant": tenant,
                 "turn_id": turn_id,
                 "session_id": session_id,
                 "key": key,

@@ -13,7 +13,7 @@ TURN_COLUMNS = (
     " admit_seq, created_at, started_at, completed_at, owner, lease_until, epoch"
 )
 EVENT_COLUMNS = "id, session_id, turn_id, seq, type, data, created_at"
-SESSION_COLUMNS = "id, created_at, default_history, event_seq"
+SESSION_COLUMNS = "id, tenant, created_at, default_history, event_seq"
 
 
 def _fields(row: Row[Any], names: frozenset[str], prefix: str = "") -> dict[str, Any]:

@@ -13,3 +13,5 @@ class Context:
     runtime: Runtime
     request: Any = None
     response: Any = None
+    # The caller's tenant, from its token ("" when the server runs open).
+    tenant: str = ""

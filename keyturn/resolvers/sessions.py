@@ -29,7 +29,7 @@ def parse_id(value: str) -> uuid.UUID | None:
 
 async def create_session(ctx: Context, *, default_history: History) -> Session:
     async with public_failures():
-        return await ctx.runtime.create_session(default_history=default_history)
+        return await ctx.runtime.create_session(tenant=ctx.tenant, default_history=default_history)
 
 
 async def get_session(ctx: Context, *, session_id: str) -> Session | None:
@@ -37,14 +37,14 @@ async def get_session(ctx: Context, *, session_id: str) -> Session | None:
     if sid is None:
         return None
     async with public_failures():
-        return await ctx.runtime.session(sid)
+        return await ctx.runtime.session(sid, tenant=ctx.tenant)
 
 
 async def list_sessions(ctx: Context, *, first: int, after: str | None) -> Page[Session]:
     limit = check_first(first)
     cursor = decode_session_cursor(after)
     async with public_failures():
-        rows, total = await ctx.runtime.sessions(after=cursor, limit=limit + 1)
+        rows, total = await ctx.runtime.sessions(tenant=ctx.tenant, after=cursor, limit=limit + 1)
     items = rows[:limit]
     return Page(
         items, [session_cursor(s.created_at, s.id) for s in items], len(rows) > limit, total

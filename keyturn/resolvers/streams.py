@@ -18,7 +18,7 @@ async def session_events(ctx: Context, *, session_id: str, after_seq: int) -> As
     if sid is None:
         raise NotFoundError(f"session {session_id} not found")
     try:
-        async for event in ctx.runtime.session_events(sid, after_seq):
+        async for event in ctx.runtime.session_events(sid, after_seq, tenant=ctx.tenant):
             yield event
     except NotFound as error:
         raise NotFoundError(str(error)) from None
@@ -31,7 +31,7 @@ async def turn_completed(ctx: Context, *, turn_id: str) -> AsyncIterator[Turn]:
     if tid is None:
         raise NotFoundError(f"turn {turn_id} not found")
     try:
-        async for turn in ctx.runtime.turn_completed(tid):
+        async for turn in ctx.runtime.turn_completed(tid, tenant=ctx.tenant):
             yield turn
     except NotFound as error:
         raise NotFoundError(str(error)) from None

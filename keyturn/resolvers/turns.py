@@ -18,7 +18,7 @@ async def submit_turn(
         session_id=session_id, idempotency_key=idempotency_key, input=input, history=history
     )
     async with public_failures():
-        return await ctx.runtime.submit(request)
+        return await ctx.runtime.submit(request, tenant=ctx.tenant)
 
 
 async def get_turn(ctx: Context, *, turn_id: str) -> Turn | None:
@@ -26,7 +26,7 @@ async def get_turn(ctx: Context, *, turn_id: str) -> Turn | None:
     if tid is None:
         return None
     async with public_failures():
-        return await ctx.runtime.turn(tid)
+        return await ctx.runtime.turn(tid, tenant=ctx.tenant)
 
 
 async def turn_events(ctx: Context, *, turn: Turn) -> list[Event]:

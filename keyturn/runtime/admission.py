@@ -38,7 +38,7 @@ def _judge(existing: Turn, fp: str) -> Admission:
     return Admission(Outcome.CONFLICT, existing)
 
 
-async def admit_turn(*, engine: AsyncEngine, request: TurnRequest) -> Admission:
+async def admit_turn(*, engine: AsyncEngine, request: TurnRequest, tenant: str = "") -> Admission:
     """Admit ``request`` or say which turn already holds its key.
 
     A key that already names a turn is answered from one read and writes
@@ -48,7 +48,9 @@ async def admit_turn(*, engine: AsyncEngine, request: TurnRequest) -> Admission:
     reading the key again on a fresh connection, never guessed.
     """
     async with connect(engine) as conn:
-        found = await db.lookup(conn, session_id=request.session_id, key=request.idempotency_key)
+        found = await db.lookup(
+            conn, tenant=tenant, session_id=request.session_id, key=request.idempotency_key
+        )
     if not found.session_found:
         return Admission(Outcome.SESSION_NOT_FOUND)
     history = request.effective_history(History(found.default_history or History.FULL))
@@ -61,6 +63,7 @@ async def admit_turn(*, engine: AsyncEngine, request: TurnRequest) -> Admission:
         async with connect(engine) as conn:
             turn = await db.insert_turn(
                 conn,
+                tenant=tenant,
                 turn_id=turn_id,
                 session_id=request.session_id,
                 key=request.idempotency_key,

@@ -80,34 +80,38 @@ class Runtime:
         await self.listener.stop()
 
     # -- writes ------------------------------------------------------------
-    async def create_session(self, *, default_history: History) -> Session:
+    # Every method a client reaches names the caller's tenant; sessions, turns
+    # and events of another tenant are simply not found.
+    async def create_session(self, *, tenant: str, default_history: History) -> Session:
         async with connect(self.engine) as conn:
-            return await reads.create_session(conn, default_history=default_history.value)
+            return await reads.create_session(
+                conn, tenant=tenant, default_history=default_history.value
+            )
 
-    async def submit(self, request: TurnRequest) -> Admission:
+    async def submit(self, request: TurnRequest, *, tenant: str) -> Admission:
         if not self.accepting:
             raise ShuttingDown()
-        admission = await admit_turn(engine=self.engine, request=request)
+        admission = await admit_turn(engine=self.engine, request=request, tenant=tenant)
         if admission.outcome is Outcome.ACCEPTED:
             self.bus.committed(request.session_id)
             self.worker.wake()
         return admission
 
     # -- reads -------------------------------------------------------------
-    async def session(self, session_id: uuid.UUID) -> Session | None:
+    async def session(self, session_id: uuid.UUID, *, tenant: str) -> Session | None:
         async with connect(self.engine) as conn:
-            return await reads.session(conn, session_id=session_id)
+            return await reads.session(conn, tenant=tenant, session_id=session_id)
 
     async def sessions(
-        self, *, after: tuple[datetime, uuid.UUID] | None, limit: int
+        self, *, tenant: str, after: tuple[datetime, uuid.UUID] | None, limit: int
     ) -> tuple[list[Session], int]:
         async with connect(self.engine) as conn:
-            page = await reads.sessions_after(conn, after=after, limit=limit)
-            return page, await reads.session_count(conn)
+            page = await reads.sessions_after(conn, tenant=tenant, after=after, limit=limit)
+            return page, await reads.session_count(conn, tenant=tenant)
 
-    async def turn(self, turn_id: uuid.UUID) -> Turn | None:
+    async def turn(self, turn_id: uuid.UUID, *, tenant: str) -> Turn | None:
         async with connect(self.engine) as conn:
-            return await reads.turn(conn, turn_id=turn_id)
+            return await reads.turn(conn, tenant=tenant, turn_id=turn_id)
 
     async def turns(
         self, *, session_id: uuid.UUID, after: int, limit: int
@@ -125,10 +129,18 @@ class Runtime:
             return await reads.turn_events(conn, turn_id=turn_id)
 
     # -- streams -----------------------------------------------------------
-    def session_events(self, session_id: uuid.UUID, after_seq: int) -> AsyncIterator[Event]:
+    def session_events(
+        self, session_id: uuid.UUID, after_seq: int, *, tenant: str
+    ) -> AsyncIterator[Event]:
         return watch.session_events(
-            engine=self.engine, bus=self.bus, session_id=session_id, after_seq=after_seq
+            engine=self.engine,
+            bus=self.bus,
+            tenant=tenant,
+            session_id=session_id,
+            after_seq=after_seq,
         )
 
-    def turn_completed(self, turn_id: uuid.UUID) -> AsyncIterator[Turn]:
-        return watch.turn_completed(engine=self.engine, bus=self.bus, turn_id=turn_id)
+    def turn_completed(self, turn_id: uuid.UUID, *, tenant: str) -> AsyncIterator[Turn]:
+        return watch.turn_completed(
+            engine=self.engine, bus=self.bus, tenant=tenant, turn_id=turn_id
+        )

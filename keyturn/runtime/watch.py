@@ -22,12 +22,12 @@ class NotFound(KeyturnError):
 
 
 async def session_events(
-    *, engine: AsyncEngine, bus: EventBus, session_id: uuid.UUID, after_seq: int
+    *, engine: AsyncEngine, bus: EventBus, tenant: str, session_id: uuid.UUID, after_seq: int
 ) -> AsyncIterator[Event]:
     sub = bus.register(session_id, after_seq)
     try:
         async with connect(engine) as conn:
-            if await reads.session(conn, session_id=session_id) is None:
+            if await reads.session(conn, tenant=tenant, session_id=session_id) is None:
                 raise NotFound(f"session {session_id} not found")
         while True:
             events = await bus.read(sub)
@@ -40,10 +40,10 @@ async def session_events(
 
 
 async def turn_completed(
-    *, engine: AsyncEngine, bus: EventBus, turn_id: uuid.UUID
+    *, engine: AsyncEngine, bus: EventBus, tenant: str, turn_id: uuid.UUID
 ) -> AsyncIterator[Turn]:
     async with connect(engine) as conn:
-        first = await reads.turn(conn, turn_id=turn_id)
+        first = await reads.turn(conn, tenant=tenant, turn_id=turn_id)
     if first is None:
         raise NotFound(f"turn {turn_id} not found")
     if first.status in TERMINAL_STATUSES:
@@ -54,7 +54,7 @@ async def turn_completed(
         # Read again after registering, in one snapshot with the session's
         # counter: if the turn has not ended there, its end carries a higher seq.
         async with connect(engine) as conn:
-            found = await reads.turn_with_session_seq(conn, turn_id=turn_id)
+            found = await reads.turn_with_session_seq(conn, tenant=tenant, turn_id=turn_id)
         assert found is not None  # turns are never deleted
         turn, seq = found
         if turn.status in TERMINAL_STATUSES:
@@ -65,7 +65,7 @@ async def turn_completed(
             events = await bus.read(sub)
             if any(e.turn_id == turn_id and e.type in TERMINAL_EVENTS for e in events):
                 async with connect(engine) as conn:
-                    ended = await reads.turn(conn, turn_id=turn_id)
+                    ended = await reads.turn(conn, tenant=tenant, turn_id=turn_id)
                 assert ended is not None
                 yield ended
                 return
