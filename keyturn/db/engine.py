@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
+from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -29,16 +30,26 @@ def asyncpg_dsn(url: str) -> str:
 
 
 def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
-    return create_async_engine(
+    engine = create_async_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
+        # No ping (a round trip on every checkout): the check below is free.
         pool_pre_ping=False,
-        # Connections that died (server restart, pg_terminate_backend) are
-        # replaced on the next checkout instead of failing forever.
         pool_recycle=3600,
         connect_args={"server_settings": {"application_name": "keyturn"}},
     )
+    event.listen(engine.sync_engine.pool, "checkout", _refuse_closed)
+    return engine
+
+
+def _refuse_closed(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    """A pooled connection the server closed while it sat idle (a restart,
+    ``pg_terminate_backend``) is replaced at checkout, so the request that
+    draws it does not fail. asyncpg has already seen the socket close."""
+    driver = getattr(dbapi_connection, "driver_connection", None)
+    if driver is not None and driver.is_closed():
+        raise sa_exc.DisconnectionError("connection closed by the server while idle")
 
 
 # SQLSTATE classes that mean "the server or the connection went away".
