@@ -131,15 +131,25 @@ async def open_loop(
     async def one(n: int, scheduled: float) -> None:
         nonlocal opened
         conn = idle.pop() if idle else None
+        reused = conn is not None
         if conn is None:
             opened += 1
             conn = Connection(host, port)
         try:
             status, body = await conn.request(make(n))
         except (OSError, asyncio.IncompleteReadError):
-            result.errors += 1
             conn.close()
-            return
+            if not reused:
+                result.errors += 1
+                return
+            # The server closed an idle keep-alive connection: once more on a new one.
+            conn = Connection(host, port)
+            try:
+                status, body = await conn.request(make(n))
+            except (OSError, asyncio.IncompleteReadError):
+                result.errors += 1
+                conn.close()
+                return
         result.latencies_ms.append((time.perf_counter() - scheduled) * 1000)
         result.count(classify(status, body))
         idle.append(conn)

@@ -1109,7 +1109,8 @@ def main(argv: list[str] | None = None) -> int:
                     cfg, client, kt.port, "graphql", files["keyturn", "many"], "warm", 0, cfg.warmup
                 )
                 extra["drain_warmup"] = asyncio.run(drain(urls["keyturn"], cfg.drain_timeout))
-                for scope in ("many", "hot"):
+
+                def keyturn_rows(scope: str) -> None:
                     pf = f"kt-{scope}"
                     progress(f"c submitTurn, new keys, {scope_label[scope]}: {cfg.duration:.0f}s")
                     spy = None
@@ -1182,6 +1183,9 @@ def main(argv: list[str] | None = None) -> int:
                         show(rows["c½"])
                         asyncio.run(drain(urls["keyturn"], cfg.drain_timeout))
 
+                # The hot session's rows come last: its backlog of queued turns
+                # may outlast the drain wait, and must not run under e and f.
+                keyturn_rows("many")
                 progress("f Keyturn reading")
                 sid = asyncio.run(make_event_session(urls["keyturn"], cfg.events, cfg.history))
                 rows["f"] = reading_rows(cfg, client, kt.port, "graphql", sid, tmp, "f", "Keyturn")
@@ -1204,6 +1208,7 @@ def main(argv: list[str] | None = None) -> int:
                     fan,
                 )
                 show(rows["e"])
+                keyturn_rows("hot")
             finally:
                 kt.stop()
         finally:
