@@ -14,26 +14,31 @@ from typing import Any
 import orjson
 from sqlalchemy import text
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from strawberry.asgi import GraphQL
-from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
+from strawberry.exceptions import ConnectionRejectionError
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
+from strawberry.types.unset import UnsetType
 
 from keyturn.db.engine import create_engine
+from keyturn.guard import Guard, bearer_token
 from keyturn.playground import playground_mount
 from keyturn.resolvers.context import Context
+from keyturn.runtime.auth import Authenticator
 from keyturn.runtime.service import Runtime
-from keyturn.schema import schema
+from keyturn.schema import MAX_DEPTH, build_schema, schema
 from keyturn.settings import Settings
 
 log = logging.getLogger("keyturn.app")
 
 
 class KeyturnGraphQL(GraphQL[Context, None]):
-    def __init__(self, runtime_ref: dict[str, Runtime], **kwargs: Any) -> None:
-        super().__init__(schema, **kwargs)
-        self._runtime_ref = runtime_ref
+    def __init__(self, state: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._state = state
 
     # orjson: several times faster than the standard library on every answer.
     # A str, not bytes: the WebSocket handler sends bytes as binary frames,
@@ -45,7 +50,31 @@ class KeyturnGraphQL(GraphQL[Context, None]):
         return orjson.loads(data)
 
     async def get_context(self, request: Any, response: Any = None) -> Context:
-        return Context(runtime=self._runtime_ref["runtime"], request=request, response=response)
+        # HTTP requests were authenticated by the Guard, which left the tenant
+        # in the scope; WebSockets authenticate in on_ws_connect.
+        tenant = request.scope.get("state", {}).get("tenant", "")
+        return Context(
+            runtime=self._state["runtime"], request=request, response=response, tenant=tenant
+        )
+
+    async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
+        """The token comes in the connection_init payload; a missing or wrong one
+        closes the connection with 4403 before any operation runs."""
+        auth: Authenticator = self._state["auth"]
+        if not await auth.required():
+            return UnsetType()
+        params = context.connection_params or {}
+        raw = params.get("authorization") or params.get("Authorization") or params.get("token")
+        token = bearer_token(raw) if isinstance(raw, str) else None
+        tenant = await auth.tenant_for(token)
+        if token is None or tenant is None:
+            raise ConnectionRejectionError()
+        context.tenant = tenant
+        websocket = context.request
+        auth.watch(
+            id(websocket.scope), token, lambda: websocket.close(code=4403, reason="token revoked")
+        )
+        return UnsetType()
 
 
 def resolve_database_url(settings: Settings) -> str:
@@ -86,29 +115,37 @@ def _drain_on_sigterm(runtime: Runtime) -> Callable[[], None]:
 
 def create_app(settings: Settings | None = None, *, database_url: str | None = None) -> Starlette:
     settings = settings or Settings()
-    state: dict[str, Runtime] = {}
+    state: dict[str, Any] = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         url = database_url or resolve_database_url(settings)
         engine = create_engine(url, pool_size=settings.pool_size)
         runtime = Runtime(engine=engine, settings=settings, database_url=url)
+        auth = Authenticator(engine, recheck_s=settings.auth_recheck_s)
         await runtime.start()
-        state["runtime"] = runtime
+        auth.start()
+        state["runtime"], state["auth"] = runtime, auth
         _app.state.runtime = runtime
         restore = _drain_on_sigterm(runtime)
         try:
             yield
         finally:
             restore()
+            await auth.stop()
             await runtime.stop()
             await engine.dispose()
 
     graphql_app = KeyturnGraphQL(
         state,
+        schema=schema
+        if settings.introspection and settings.max_query_depth == MAX_DEPTH
+        else build_schema(introspection=settings.introspection, max_depth=settings.max_query_depth),
         graphql_ide="graphiql" if settings.graphiql else None,
-        subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL),
-        connection_init_wait_timeout=timedelta(seconds=10),
+        subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
+        connection_init_wait_timeout=timedelta(seconds=settings.connection_init_timeout_s),
+        max_subscriptions_per_connection=settings.max_subscriptions_per_connection,
+        allowed_origins=[o.strip() for o in settings.allowed_origins.split(",") if o.strip()],
         allow_queries_via_get=False,
     )
 
@@ -129,6 +166,13 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
             WebSocketRoute("/graphql", graphql_app),
             Route("/healthz", healthz),
             playground_mount(),  # last: it answers every other path
+        ],
+        middleware=[
+            Middleware(
+                Guard,
+                state=state,
+                max_body_bytes=settings.max_body_bytes,
+            )
         ],
         lifespan=lifespan,
     )

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import FrameType
+from typing import TYPE_CHECKING, TypeVar
 
 from keyturn.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+T = TypeVar("T")
 
 log = logging.getLogger("keyturn")
 
@@ -48,6 +55,25 @@ async def _current(url: str) -> str | None:
         await engine.dispose()
 
 
+async def _on_engine(url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    from keyturn.db.engine import create_engine
+
+    engine = create_engine(url, pool_size=1)
+    try:
+        return await fn(engine)
+    finally:
+        await engine.dispose()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _exit_cleanly(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(0)
 
@@ -62,6 +88,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Migrations run once here, under an advisory lock, before any worker
     # starts; a second server starting at the same moment waits its turn.
     asyncio.run(_upgrade(url))
+    from keyturn.runtime.auth import tokens_exist
+
+    if not asyncio.run(_on_engine(url, tokens_exist)):
+        if not is_loopback(host) and not args.insecure_no_auth:
+            print(
+                f"refusing to serve on {host} without API tokens: anyone who reaches it could "
+                "read and write every session.\nCreate one with `keyturn token create --name "
+                "NAME`, or pass --insecure-no-auth if this network is trusted.",
+                file=sys.stderr,
+            )
+            return 2
+        print(
+            "OPEN: no API tokens exist, so requests need none. This is meant for a laptop; "
+            "once `keyturn token create` has run, every request needs a token.",
+            flush=True,
+        )
     # Workers are fresh processes: they find the database through the environment.
     os.environ["KEYTURN_DATABASE_URL"] = url
     # uvicorn handles SIGTERM, shuts down cleanly, restores the handler it
@@ -100,6 +142,54 @@ def cmd_db_current(_args: argparse.Namespace) -> int:
     return 0 if current == head else 1
 
 
+def cmd_token_create(args: argparse.Namespace) -> int:
+    from keyturn.db.tokens import TokenNameTaken
+    from keyturn.runtime.auth import create_token
+
+    url, _where = _database_url(Settings())
+    asyncio.run(_upgrade(url))
+    try:
+        secret = asyncio.run(
+            _on_engine(url, lambda e: create_token(e, name=args.name, tenant=args.tenant))
+        )
+    except TokenNameTaken as error:
+        print(error, file=sys.stderr)
+        return 1
+    print(secret)
+    print(
+        f"token {args.name!r} for tenant {args.tenant or args.name!r}: shown once, only its "
+        "hash is kept. Send it as `Authorization: Bearer TOKEN`.",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_token_list(_args: argparse.Namespace) -> int:
+    from keyturn.runtime.auth import list_tokens
+
+    url, _where = _database_url(Settings())
+    rows = asyncio.run(_on_engine(url, list_tokens))
+    if not rows:
+        print("no tokens: the server runs open (loopback only)")
+        return 0
+    print(f"{'name':<24}{'tenant':<24}{'created':<22}status")
+    for t in rows:
+        status = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "active"
+        print(f"{t.name:<24}{t.tenant:<24}{t.created_at:%Y-%m-%d %H:%M:%S}   {status}")
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    from keyturn.runtime.auth import revoke_token
+
+    url, _where = _database_url(Settings())
+    if asyncio.run(_on_engine(url, lambda e: revoke_token(e, name=args.name))):
+        print(f"token {args.name!r} revoked; servers refuse it within a few seconds")
+        return 0
+    print(f"no active token named {args.name!r}", file=sys.stderr)
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keyturn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
     serve.add_argument("--workers", type=int, default=1, help="processes on this port")
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve on a non-loopback address even though no API token exists",
+    )
     serve.set_defaults(fn=cmd_serve)
 
     db = sub.add_parser("db", help="database management")
@@ -116,6 +211,19 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(fn=cmd_db_upgrade)
     cur = db_sub.add_parser("current", help="show the applied migration")
     cur.set_defaults(fn=cmd_db_current)
+
+    token = sub.add_parser("token", help="API tokens")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    create = token_sub.add_parser("create", help="create a token and print it once")
+    create.add_argument("--name", required=True, help="a unique name for the token")
+    create.add_argument("--tenant", default=None, help="the tenant it acts for (default: name)")
+    create.set_defaults(fn=cmd_token_create)
+    token_sub.add_parser("list", help="list tokens (never their secrets)").set_defaults(
+        fn=cmd_token_list
+    )
+    revoke = token_sub.add_parser("revoke", help="revoke a token by name")
+    revoke.add_argument("name")
+    revoke.set_defaults(fn=cmd_token_revoke)
     return parser
 
 

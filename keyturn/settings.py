@@ -40,5 +40,25 @@ class Settings(BaseSettings):
     # them back to the queue.
     shutdown_grace_s: float = Field(default=20.0, ge=0)
 
+    # Test hook, never for production: stop the process with SIGKILL at a
+    # named point of a tool call, ``POINT`` or ``POINT:INDEX`` with POINT one of
+    # before_intent, after_intent, after_write, after_result. The first
+    # ``crash_after - 1`` calls to reach it wait there; the next one kills.
+    crash_at: str | None = None
+    crash_after: int = Field(default=1, ge=1)
+
     graphiql: bool = True
+    # Off in production if clients need not discover the schema at run time.
+    introspection: bool = True
+
+    # How often a process re-checks tokens (a revoked token stops working, and
+    # its live subscriptions close, within about this long).
+    auth_recheck_s: float = Field(default=2.0, gt=0)
+    # Browser pages on these origins may open WebSockets (comma-separated);
+    # the server's own origin always may. Non-browser clients send no Origin.
+    allowed_origins: str = ""
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    max_subscriptions_per_connection: int = Field(default=100, ge=1)
+    max_query_depth: int = Field(default=10, ge=1)
+    connection_init_timeout_s: float = Field(default=10.0, gt=0)
     log_level: str = "info"

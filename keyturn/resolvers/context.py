@@ -15,3 +15,5 @@ class Context:
     response: Any = None
     # The caller's tenant, from its token ("" when the server runs open).
     tenant: str = ""
+    # The WebSocket connection_init payload (set by Strawberry).
+    connection_params: dict[str, Any] | None = None
