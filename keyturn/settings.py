@@ -20,7 +20,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
 
-    pool_size: int = Field(default=10, ge=1)
+    # Database connections per process; requests beyond it wait for one.
+    pool_size: int = Field(default=20, ge=1)
     # Added to every turn the fixture model runs, in milliseconds.
     fixture_delay_ms: int = Field(default=0, ge=0)
     # Turns this process runs at once (across sessions; one per session always).

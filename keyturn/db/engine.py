@@ -29,15 +29,28 @@ def asyncpg_dsn(url: str) -> str:
     return u.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def _is_local(url: str) -> bool:
+    u = make_url(url)
+    host = u.host or str(u.query.get("host", "")) or ""
+    return host in ("", "localhost", "::1") or host.startswith(("127.", "/"))
+
+
 def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    connect_args: dict[str, Any] = {"server_settings": {"application_name": "keyturn"}}
+    if _is_local(url) and "ssl" not in make_url(url).query and "sslmode" not in make_url(url).query:
+        # A Unix socket or loopback needs no TLS; asking first costs a round
+        # trip on every new connection.
+        connect_args["ssl"] = False
     engine = create_async_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
-        max_overflow=pool_size,
+        # No overflow: connections opened for a burst and closed after it cost
+        # a connect each time and lose their prepared statements. Size the pool.
+        max_overflow=0,
         # No ping (a round trip on every checkout): the check below is free.
         pool_pre_ping=False,
         pool_recycle=3600,
-        connect_args={"server_settings": {"application_name": "keyturn"}},
+        connect_args=connect_args,
     )
     event.listen(engine.sync_engine.pool, "checkout", _refuse_closed)
     return engine

@@ -21,21 +21,26 @@ from keyturn.db.tables import Event, Turn
 _T = ", ".join("u." + c.strip() for c in TURN_COLUMNS.split(","))
 
 # Only the head of a session's queue is claimable, and only while nothing of
-# its session runs. The partial unique index on RUNNING turns backs this up:
-# if two claimers ever raced past the checks, one statement would fail.
+# its session runs. The heads come from one ordered pass over the partial
+# index of queued turns (DISTINCT ON), so a claim costs O(queued), not
+# O(queued²) as a per-row "no earlier queued turn" test would in a long
+# queue. A head locked by another claimer is skipped, never its successor.
+# The partial unique index on RUNNING turns backs this up: if two claimers
+# ever raced past the checks, one statement would fail.
 _CLAIM = text(
     f"""
-    WITH c AS (
-        SELECT t.id FROM turns t
-        WHERE t.status = 'QUEUED'
-          AND NOT EXISTS (SELECT 1 FROM turns r
+    WITH heads AS (
+        SELECT DISTINCT ON (session_id) id, session_id, admit_seq, created_at
+        FROM turns
+        WHERE status = 'QUEUED'
+        ORDER BY session_id, admit_seq
+    ), c AS (
+        SELECT t.id FROM turns t JOIN heads h ON h.id = t.id
+        WHERE NOT EXISTS (SELECT 1 FROM turns r
                           WHERE r.session_id = t.session_id AND r.status = 'RUNNING')
-          AND NOT EXISTS (SELECT 1 FROM turns q
-                          WHERE q.session_id = t.session_id AND q.status = 'QUEUED'
-                            AND q.admit_seq < t.admit_seq)
-        ORDER BY t.created_at, t.admit_seq
+        ORDER BY h.created_at, h.admit_seq
         LIMIT :limit
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF t SKIP LOCKED
     ), u AS (
         UPDATE turns SET status = 'RUNNING', owner = :owner, epoch = turns.epoch + 1,
                started_at = now(), lease_until = now() + make_interval(secs => :ttl)
@@ -122,13 +127,17 @@ _INTERRUPT_EXPIRED = text(
 )
 
 # A clean shutdown hands an unfinished turn back to the queue instead of
-# marking it interrupted: the fixture model has done nothing outside itself.
+# marking it interrupted, as long as it has done nothing outside itself: a
+# turn with a tool intent is never run again on its own, so it stays until
+# its lease runs out and is interrupted (and its tool calls settled).
 _RELEASE = text(
     f"""
     WITH u AS (
         UPDATE turns SET status = 'QUEUED', owner = NULL, lease_until = NULL,
                started_at = NULL
         WHERE id = :turn_id AND epoch = :epoch AND status = 'RUNNING'
+          AND NOT EXISTS (SELECT 1 FROM events e
+                          WHERE e.turn_id = :turn_id AND e.type = 'tool.intent')
         RETURNING turns.*
     ), bump AS (
         UPDATE sessions SET event_seq = sessions.event_seq + 1

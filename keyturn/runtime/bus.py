@@ -18,8 +18,10 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, TypeVar, cast
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,8 +32,44 @@ from keyturn.errors import DatabaseUnavailable
 
 log = logging.getLogger("keyturn.bus")
 
+T = TypeVar("T")
 CACHE_EVENTS = 512
 PAGE = 200
+
+
+class SharedReads:
+    """Identical reads that arrive together share one query, and its answer is
+    kept a moment: when a turn ends, every listener of it reads the same
+    (immutable) row, and a thousand listeners must not mean a thousand queries."""
+
+    def __init__(self, *, keep_s: float = 2.0, max_kept: int = 4096) -> None:
+        self._keep_s = keep_s
+        self._max_kept = max_kept
+        self._inflight: dict[Hashable, asyncio.Future[Any]] = {}
+        self._kept: dict[Hashable, tuple[float, Any]] = {}
+
+    async def get(self, key: Hashable, read: Callable[[], Awaitable[T]]) -> T:
+        now = time.monotonic()
+        kept = self._kept.get(key)
+        if kept is not None and now - kept[0] < self._keep_s:
+            return cast(T, kept[1])
+        future = self._inflight.get(key)
+        if future is None:
+            future = asyncio.ensure_future(read())
+            self._inflight[key] = future
+            future.add_done_callback(lambda f: self._settle(key, f))
+        return cast(T, await asyncio.shield(future))
+
+    def _settle(self, key: Hashable, future: asyncio.Future[Any]) -> None:
+        self._inflight.pop(key, None)
+        if future.cancelled() or future.exception() is not None:
+            return
+        if len(self._kept) >= self._max_kept:
+            cutoff = time.monotonic() - self._keep_s
+            self._kept = {k: v for k, v in self._kept.items() if v[0] >= cutoff}
+            if len(self._kept) >= self._max_kept:
+                self._kept.clear()
+        self._kept[key] = (time.monotonic(), future.result())
 
 
 class Subscriber:
@@ -62,6 +100,7 @@ class EventBus:
         self._poller: asyncio.Task[None] | None = None
         # Set by the runtime: tells other processes (via NOTIFY) about news.
         self.broadcast: Callable[[uuid.UUID], None] | None = None
+        self.shared = SharedReads()
         self.delivered = 0
 
     # -- lifecycle ---------------------------------------------------------

@@ -64,8 +64,13 @@ async def turn_completed(
         while True:
             events = await bus.read(sub)
             if any(e.turn_id == turn_id and e.type in TERMINAL_EVENTS for e in events):
-                async with connect(engine) as conn:
-                    ended = await reads.turn(conn, tenant=tenant, turn_id=turn_id)
+
+                async def read_ended() -> Turn | None:
+                    async with connect(engine) as conn:
+                        return await reads.turn(conn, tenant=tenant, turn_id=turn_id)
+
+                # Every listener of this turn wakes now: one query serves them all.
+                ended = await bus.shared.get(("ended", tenant, turn_id), read_ended)
                 assert ended is not None
                 yield ended
                 return
