@@ -10,7 +10,7 @@ from keyturn.db.tables import Event, Session, Turn
 
 TURN_COLUMNS = (
     "id, session_id, idempotency_key, fingerprint, input, history, status, output, error,"
-    " admit_seq, created_at, started_at, completed_at, owner, lease_until, epoch"
+    " admit_seq, created_at, started_at, completed_at, owner, lease_until, epoch, retry_of"
 )
 EVENT_COLUMNS = "id, session_id, turn_id, seq, type, data, created_at"
 SESSION_COLUMNS = "id, tenant, created_at, default_history, event_seq"

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, DateTime, Index, Text, UniqueConstraint, text
+from sqlalchemy import BigInteger, Boolean, Column, DateTime, Index, Text, UniqueConstraint, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
@@ -96,6 +96,8 @@ class Turn(TurnBase, table=True):
     epoch: int = Field(
         default=0, sa_column=Column(BigInteger, nullable=False, server_default=text("0"))
     )
+    # The interrupted turn this one retries (resolveInterruptedTurn RETRY).
+    retry_of: uuid.UUID | None = Field(default=None, foreign_key="turns.id", nullable=True)
 
 
 class Event(SQLModel, table=True):
@@ -103,6 +105,17 @@ class Event(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("session_id", "seq"),
         Index("ix_events_turn", "turn_id", "seq"),
+        # The tool ledger: at most one intent, one result and one
+        # reconciliation per call of a turn. A write retried after a lost
+        # connection, or two processes settling one call, cannot append twice.
+        Index(
+            "ux_events_tool_call",
+            "turn_id",
+            "type",
+            text("(data ->> 'index')"),
+            unique=True,
+            postgresql_where=text("type IN ('tool.intent', 'tool.result', 'tool.reconciled')"),
+        ),
     )
 
     id: int | None = Field(
@@ -127,3 +140,61 @@ class ApiToken(SQLModel, table=True):
     token_hash: str = Field(sa_column=Column(Text, nullable=False, unique=True))
     created_at: datetime = Field(sa_column=_now_column())
     revoked_at: datetime | None = Field(default=None, sa_column=_now_column(nullable=True))
+
+
+class Resolution(SQLModel, table=True):
+    """An explicit decision about an interrupted turn: RETRY or ABANDON.
+
+    Keyed like admissions: the unique ``(session_id, idempotency_key)`` decides
+    which request named a key first. One decision per interrupted turn."""
+
+    __tablename__ = "resolutions"
+    __table_args__ = (
+        UniqueConstraint("session_id", "idempotency_key"),
+        UniqueConstraint("turn_id"),
+    )
+
+    id: uuid.UUID = Field(primary_key=True)
+    session_id: uuid.UUID = Field(foreign_key="sessions.id", nullable=False)
+    turn_id: uuid.UUID = Field(foreign_key="turns.id", nullable=False)
+    idempotency_key: str = Field(sa_column=Column(Text, nullable=False))
+    # sha256 of the effective request (action, turn id, force).
+    fingerprint: str = Field(sa_column=Column(Text, nullable=False))
+    action: str = Field(sa_column=Column(Text, nullable=False))
+    force: bool = Field(sa_column=Column(Boolean, nullable=False))
+    # RETRY: the new turn admitted under the key.
+    new_turn_id: uuid.UUID | None = Field(default=None, foreign_key="turns.id", nullable=True)
+    created_at: datetime = Field(sa_column=_now_column())
+
+
+class SyntheticEffect(SQLModel, table=True):
+    """The external store the synthetic tools write to. Not the runtime's
+    record: written on its own connection, in its own transaction, so a crash
+    between it and the ledger is possible and observable.
+
+    ``applied`` false is a settled "never": asking an idempotent tool whether a
+    key was applied claims the key when it was not, so a late write with that
+    key cannot land afterwards."""
+
+    __tablename__ = "synthetic_effects"
+    __table_args__ = (
+        # The idempotent tool applies a key at most once; the unsafe one may repeat.
+        Index(
+            "ux_synthetic_effects_idempotent_key",
+            "effect_key",
+            unique=True,
+            postgresql_where=text("idempotent"),
+        ),
+        Index("ix_synthetic_effects_key", "effect_key"),
+    )
+
+    id: int | None = Field(
+        default=None, sa_column=Column(BigInteger, primary_key=True, autoincrement=True)
+    )
+    effect_key: str = Field(sa_column=Column(Text, nullable=False))
+    tool: str = Field(sa_column=Column(Text, nullable=False))
+    idempotent: bool = Field(sa_column=Column(Boolean, nullable=False))
+    applied: bool = Field(sa_column=Column(Boolean, nullable=False))
+    name: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    value: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    created_at: datetime = Field(sa_column=_now_column())

@@ -6,15 +6,23 @@ directives for tests and demos:
 
 ``/sleep MS``  hold the turn MS milliseconds, then reply
 ``/fail``      end the turn with ``turn.failed``
+``/write NAME=VALUE``   call the ``synthetic_write`` tool (idempotent)
+``/append NAME=VALUE``  call the ``synthetic_append`` tool (unsafe)
+``/read NAME``          call the ``synthetic_read`` tool (read-only)
+
+Tool directives may follow one another anywhere in the input; each is one
+call, made in the order written, before the reply.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from keyturn.errors import KeyturnError
 
@@ -30,13 +38,59 @@ class ModelError(KeyturnError):
     """The model could not produce a reply."""
 
 
+@dataclass(frozen=True, slots=True)
+class ToolRequest:
+    """A tool call the model asks for."""
+
+    tool: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What one call returned, as the model is shown it."""
+
+    index: int
+    tool: str
+    arguments: dict[str, Any]
+    result: dict[str, Any]
+
+
 class Model(Protocol):
-    async def reply(self, *, input: str, history: list[PastTurn]) -> str:
-        """The reply to ``input`` given ``history``; raise ModelError to fail the turn."""
+    async def tool_calls(
+        self, *, input: str, history: list[PastTurn], results: Sequence[ToolOutcome]
+    ) -> list[ToolRequest]:
+        """The calls to make next, given the results so far; [] when ready to reply.
+
+        The runtime records and runs them in order, then asks again."""
+        ...
+
+    async def reply(
+        self, *, input: str, history: list[PastTurn], results: Sequence[ToolOutcome] = ()
+    ) -> str:
+        """The reply to ``input`` given ``history`` and the tool results; raise
+        ModelError to fail the turn."""
         ...
 
 
 _SLEEP = re.compile(r"^/sleep\s+(\d{1,7})\b")
+_TOOL = re.compile(r"(?:^|(?<=\s))/(write|append)\s+([^\s=]+)=(\S*)|(?:^|(?<=\s))/read\s+(\S+)")
+_TOOLS = {"write": "synthetic_write", "append": "synthetic_append"}
+
+
+def tool_directives(input: str) -> list[ToolRequest]:
+    """The tool calls an input's directives ask for, in order."""
+    calls: list[ToolRequest] = []
+    for match in _TOOL.finditer(input):
+        if match.group(1):
+            calls.append(
+                ToolRequest(
+                    _TOOLS[match.group(1)], {"name": match.group(2), "value": match.group(3)}
+                )
+            )
+        else:
+            calls.append(ToolRequest("synthetic_read", {"name": match.group(4)}))
+    return calls
 
 
 def _digest(history: list[PastTurn]) -> str:
@@ -52,7 +106,15 @@ class FixtureModel:
     def __init__(self, *, delay_ms: int = 0) -> None:
         self.delay_ms = delay_ms
 
-    async def reply(self, *, input: str, history: list[PastTurn]) -> str:
+    async def tool_calls(
+        self, *, input: str, history: list[PastTurn], results: Sequence[ToolOutcome]
+    ) -> list[ToolRequest]:
+        # Every directive in one batch; once their results are in, reply.
+        return tool_directives(input)[len(results) :]
+
+    async def reply(
+        self, *, input: str, history: list[PastTurn], results: Sequence[ToolOutcome] = ()
+    ) -> str:
         delay = self.delay_ms
         match = _SLEEP.match(input)
         if match:
@@ -69,4 +131,8 @@ class FixtureModel:
                 lines.append(f"  {n}. {past.input}{mark}")
         else:
             lines.append("history: none")
+        for outcome in results:
+            arguments = json.dumps(outcome.arguments, sort_keys=True)
+            result = json.dumps(outcome.result, sort_keys=True)
+            lines.append(f"tool {outcome.index} {outcome.tool} {arguments}: {result}")
         return "\n".join(lines)

@@ -11,15 +11,20 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from keyturn.db import reads
-from keyturn.db.engine import asyncpg_dsn, connect
+from keyturn.db.engine import asyncpg_dsn, connect, create_engine
 from keyturn.db.listener import Listener
 from keyturn.db.tables import Event, Session, Turn
 from keyturn.errors import ShuttingDown
 from keyturn.runtime import watch
 from keyturn.runtime.admission import Admission, Outcome, admit_turn
 from keyturn.runtime.bus import EventBus
+from keyturn.runtime.crash import CrashHook
+from keyturn.runtime.ledger import ToolCallView, tool_calls
 from keyturn.runtime.model import FixtureModel, Model
 from keyturn.runtime.requests import History, TurnRequest
+from keyturn.runtime.resolution import Outcome as ResolutionOutcome
+from keyturn.runtime.resolution import ResolutionRequest, ResolutionResult, resolve
+from keyturn.runtime.tools import synthetic_tools
 from keyturn.runtime.worker import Worker, WorkerSettings, new_owner_id
 from keyturn.settings import Settings
 
@@ -43,6 +48,9 @@ class Runtime:
             asyncpg_dsn(database_url), on_wake=self.bus.wake, on_reconnect=self.bus.wake_all
         )
         self.bus.broadcast = self.listener.wake
+        # The synthetic tools' store has its own connections: its writes are
+        # never in a transaction of the runtime's record.
+        self.store_engine = create_engine(database_url, pool_size=2)
         self.worker = Worker(
             engine=engine,
             model=model or FixtureModel(delay_ms=settings.fixture_delay_ms),
@@ -55,6 +63,8 @@ class Runtime:
                 shutdown_grace_s=settings.shutdown_grace_s,
             ),
             owner=self.owner,
+            tools=synthetic_tools(self.store_engine),
+            crash=CrashHook(settings.crash_at, after=settings.crash_after),
         )
         self.accepting = False
 
@@ -78,6 +88,7 @@ class Runtime:
         await self.worker.stop()
         await self.bus.stop()
         await self.listener.stop()
+        await self.store_engine.dispose()
 
     # -- writes ------------------------------------------------------------
     # Every method a client reaches names the caller's tenant; sessions, turns
@@ -96,6 +107,17 @@ class Runtime:
             self.bus.committed(request.session_id)
             self.worker.wake()
         return admission
+
+    async def resolve_interrupted(
+        self, request: ResolutionRequest, *, tenant: str
+    ) -> ResolutionResult:
+        if not self.accepting:
+            raise ShuttingDown()
+        result = await resolve(engine=self.engine, request=request, tenant=tenant)
+        if result.outcome is ResolutionOutcome.ACCEPTED and result.turn is not None:
+            self.bus.committed(result.turn.session_id)
+            self.worker.wake()
+        return result
 
     # -- reads -------------------------------------------------------------
     async def session(self, session_id: uuid.UUID, *, tenant: str) -> Session | None:
@@ -127,6 +149,11 @@ class Runtime:
     async def turn_events(self, turn_id: uuid.UUID) -> list[Event]:
         async with connect(self.engine) as conn:
             return await reads.turn_events(conn, turn_id=turn_id)
+
+    async def tool_calls(self, turn_id: uuid.UUID) -> list[ToolCallView]:
+        """What the tool ledger establishes about the turn's calls (the turn
+        was looked up under the caller's tenant)."""
+        return tool_calls(await self.turn_events(turn_id))
 
     # -- streams -----------------------------------------------------------
     def session_events(

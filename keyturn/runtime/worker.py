@@ -23,10 +23,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from keyturn.db import work
 from keyturn.db.engine import connect
 from keyturn.db.tables import Turn
-from keyturn.errors import DatabaseUnavailable
+from keyturn.errors import DatabaseUnavailable, StaleLease
 from keyturn.runtime.bus import EventBus
+from keyturn.runtime.crash import CrashHook
+from keyturn.runtime.ledger import ToolOutcomeUnknown, ToolRunner
 from keyturn.runtime.model import Model, ModelError, PastTurn
 from keyturn.runtime.requests import History
+from keyturn.runtime.tools import Tools
 
 log = logging.getLogger("keyturn.worker")
 
@@ -60,12 +63,25 @@ class Worker:
         bus: EventBus,
         settings: WorkerSettings,
         owner: str,
+        tools: Tools | None = None,
+        crash: CrashHook | None = None,
     ) -> None:
         self.engine = engine
         self.model = model
         self.bus = bus
         self.settings = settings
         self.owner = owner
+        # Runs the model's tool calls and writes the tool ledger.
+        self.runner = ToolRunner(
+            engine=engine,
+            model=model,
+            bus=bus,
+            tools=tools or Tools([]),
+            crash=crash or CrashHook(),
+            lease_ttl_s=settings.lease_ttl_s,
+            owner=owner,
+        )
+        self._settled_once = False
         self._running: dict[uuid.UUID, _Running] = {}
         self._wake = asyncio.Event()
         self._stopping = False
@@ -142,6 +158,13 @@ class Worker:
             self.bus.committed(turn.session_id)
         if turns:
             self._wake.set()  # the next turn of those sessions may now run
+        # Ask idempotent tools what the interrupted turns' unknown calls did;
+        # once at start, settle what a stopped process left unsettled.
+        for turn in turns:
+            await self.runner.reconcile(turn.id)
+        if not self._settled_once:
+            self._settled_once = True
+            await self.runner.catch_up()
 
     async def _claim(self) -> None:
         while not self._stopping:
@@ -192,6 +215,11 @@ class Worker:
                 return
             try:
                 output = model_task.result()
+            except (StaleLease, ToolOutcomeUnknown) as error:
+                # The ledger refused a write, or a tool's effect is unknown:
+                # the turn is left to its lease, to be interrupted and settled.
+                log.warning("turn %s: %s; leaving it to its lease", turn.id, error)
+                return
             except ModelError as error:
                 await self._finish(turn, "FAILED", "turn.failed", None, str(error))
             except Exception:
@@ -218,7 +246,7 @@ class Worker:
                     conn, session_id=turn.session_id, admit_seq=turn.admit_seq
                 )
             past = [PastTurn(i, o, s) for i, o, s in rows]
-        return await self.model.reply(input=turn.input, history=past)
+        return await self.runner.produce(turn, past)
 
     async def _renew(self, running: _Running) -> None:
         turn = running.turn

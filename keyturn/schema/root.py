@@ -6,11 +6,17 @@ from collections.abc import AsyncGenerator
 
 import strawberry
 
-from keyturn.resolvers import sessions, streams, turns
+from keyturn.resolvers import ledger, sessions, streams, turns
 from keyturn.runtime.requests import History, InvalidRequest
+from keyturn.runtime.resolution import ResolutionAction as Action
 from keyturn.schema.context import Info
 from keyturn.schema.enums import HistoryMode
 from keyturn.schema.inputs import CreateSessionInput, SubmitTurnInput
+from keyturn.schema.ledger import (
+    ResolveInterruptedTurnInput,
+    ResolveInterruptedTurnResult,
+    from_resolution,
+)
 from keyturn.schema.results import SubmitTurnResult, from_admission, invalid_input
 from keyturn.schema.types import Event, Session, SessionConnection, Turn
 
@@ -60,6 +66,27 @@ class Mutation:
             return invalid_input(error.field, str(error))
         return from_admission(
             admission, session_id=str(input.session_id), key=input.idempotency_key
+        )
+
+    @strawberry.mutation(  # type: ignore[untyped-decorator]
+        description="Decide what happens to an INTERRUPTED turn: RETRY it (a new turn that "
+        "reuses completed and reconciled tool results) or ABANDON it. Idempotent under its key."
+    )
+    async def resolve_interrupted_turn(
+        self, info: Info, input: ResolveInterruptedTurnInput
+    ) -> ResolveInterruptedTurnResult:
+        try:
+            result = await ledger.resolve_interrupted_turn(
+                info.context,
+                turn_id=str(input.turn_id),
+                action=Action(input.action.value),
+                idempotency_key=input.idempotency_key,
+                force=input.force,
+            )
+        except InvalidRequest as error:
+            return invalid_input(error.field, str(error))
+        return from_resolution(
+            result, turn_id=str(input.turn_id), key=input.idempotency_key, action=input.action
         )
 
 

@@ -10,11 +10,13 @@ import strawberry
 from strawberry.scalars import JSON
 
 from keyturn.db import tables
+from keyturn.resolvers import ledger as ledger_resolvers
 from keyturn.resolvers import sessions as session_resolvers
 from keyturn.resolvers import turns as turn_resolvers
 from keyturn.resolvers.pagination import Page
 from keyturn.schema.context import Info
 from keyturn.schema.enums import HistoryMode, TurnStatus
+from keyturn.schema.tool_calls import ToolCall
 
 
 @strawberry.type
@@ -37,7 +39,8 @@ class Event:
     seq: int = strawberry.field(description="Per session: 1, 2, 3 … gapless, commit-ordered.")
     type: str = strawberry.field(
         description="turn.started, turn.running, turn.completed, turn.failed, "
-        "turn.interrupted, turn.released, turn.write_refused"
+        "turn.interrupted, turn.released, turn.write_refused, turn.retried, turn.abandoned, "
+        "tool.planned, tool.intent, tool.result, tool.reconciled"
     )
     data: JSON
     created_at: datetime
@@ -94,6 +97,9 @@ class Turn:
         description="Fencing epoch: how many times the turn has been claimed to run."
     )
     owner: str | None = strawberry.field(description="The process that last claimed the turn.")
+    retry_of: strawberry.ID | None = strawberry.field(
+        description="The interrupted turn this one retries (resolveInterruptedTurn RETRY)."
+    )
     _model: strawberry.Private[tables.Turn]
 
     @classmethod
@@ -112,6 +118,7 @@ class Turn:
             completed_at=t.completed_at,
             epoch=t.epoch,
             owner=t.owner,
+            retry_of=strawberry.ID(str(t.retry_of)) if t.retry_of is not None else None,
             _model=t,
         )
 
@@ -119,6 +126,13 @@ class Turn:
     async def events(self, info: Info) -> list[Event]:
         rows = await turn_resolvers.turn_events(info.context, turn=self._model)
         return [Event.from_model(e) for e in rows]
+
+    @strawberry.field(  # type: ignore[untyped-decorator]
+        description="The turn's tool calls, by index, as the tool ledger establishes them."
+    )
+    async def tool_calls(self, info: Info) -> list[ToolCall]:
+        views = await ledger_resolvers.tool_calls(info.context, turn=self._model)
+        return [ToolCall.from_view(v) for v in views]
 
 
 @strawberry.type

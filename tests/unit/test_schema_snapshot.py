@@ -26,6 +26,14 @@ def test_contract_names_are_present() -> None:
         "events(first: Int = 100, after: String = null): EventConnection!",
         "sessions(first: Int = 20, after: String = null): SessionConnection!",
         "enum TurnStatus {\n  QUEUED\n  RUNNING\n  COMPLETED\n  FAILED\n  INTERRUPTED\n}",
-        "enum ErrorCode {\n  IDEMPOTENCY_CONFLICT\n  SESSION_NOT_FOUND\n  INVALID_INPUT\n}",
+        "enum ErrorCode {\n  IDEMPOTENCY_CONFLICT\n  SESSION_NOT_FOUND\n  INVALID_INPUT\n",
+        "toolCalls: [ToolCall!]!",
+        "retryOf: ID",
+        "enum ToolCallState {\n  NOT_STARTED\n  COMPLETED\n  OUTCOME_UNKNOWN\n"
+        "  RECONCILED_APPLIED\n  RECONCILED_NOT_APPLIED\n}",
+        "enum ToolKind {\n  READ_ONLY\n  IDEMPOTENT\n  UNSAFE\n}",
+        "resolveInterruptedTurn(input: ResolveInterruptedTurnInput!): "
+        "ResolveInterruptedTurnResult!",
+        "force: Boolean! = false",
     ]:
         assert fragment in sdl, fragment

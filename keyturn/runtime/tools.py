@@ -1,0 +1,138 @@
+"""Tools the model may call, each declaring what a repeat would do.
+
+``READ_ONLY``   changes nothing; running it again is harmless.
+``IDEMPOTENT``  accepts the call's effect key, applies a key at most once, and
+                can be asked whether a key was applied.
+``UNSAFE``      may change something each time it runs; nobody can ask it.
+
+The synthetic tools write to a store that is not the runtime's record (its own
+table, on the store's own connections and transactions), so a crash between
+the store and the ledger can be observed.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from keyturn.db import store
+from keyturn.db.engine import connect
+from keyturn.errors import KeyturnError
+
+
+class ToolKind(StrEnum):
+    READ_ONLY = "READ_ONLY"
+    IDEMPOTENT = "IDEMPOTENT"
+    UNSAFE = "UNSAFE"
+
+
+class ToolError(KeyturnError):
+    """The tool could not do what was asked."""
+
+
+class Tool(Protocol):
+    name: str
+    kind: ToolKind
+
+    async def run(self, arguments: dict[str, Any], *, effect_key: str) -> dict[str, Any]:
+        """Do the call; the result is shown to the model and saved in ``tool.result``."""
+        ...
+
+    async def applied(self, effect_key: str) -> bool:
+        """IDEMPOTENT tools: was ``effect_key`` applied? The answer must be final."""
+        ...
+
+
+def _text(arguments: dict[str, Any], name: str) -> str:
+    value = arguments.get(name)
+    if not isinstance(value, str):
+        raise ToolError(f"argument {name!r} must be a string")
+    return value
+
+
+class _StoreTool:
+    name = ""
+    kind = ToolKind.UNSAFE
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def applied(self, effect_key: str) -> bool:
+        raise ToolError(f"{self.name} cannot be asked whether an effect was applied")
+
+
+class SyntheticWrite(_StoreTool):
+    """Writes NAME=VALUE keyed by the effect key: at most once per key."""
+
+    name = "synthetic_write"
+    kind = ToolKind.IDEMPOTENT
+
+    async def run(self, arguments: dict[str, Any], *, effect_key: str) -> dict[str, Any]:
+        async with connect(self.engine) as conn:
+            outcome = await store.write(
+                conn,
+                key=effect_key,
+                tool=self.name,
+                idempotent=True,
+                name=_text(arguments, "name"),
+                value=_text(arguments, "value"),
+            )
+        if outcome is store.Write.SETTLED_NOT_APPLIED:
+            raise ToolError(f"effect {effect_key} was settled as not applied; it will not apply")
+        return {"applied": True, "alreadyApplied": outcome is store.Write.ALREADY_APPLIED}
+
+    async def applied(self, effect_key: str) -> bool:
+        async with connect(self.engine) as conn:
+            return await store.settle(conn, key=effect_key, tool=self.name)
+
+
+class SyntheticAppend(_StoreTool):
+    """Appends NAME=VALUE every time it runs; it keeps the effect key only so
+    an observer can count."""
+
+    name = "synthetic_append"
+    kind = ToolKind.UNSAFE
+
+    async def run(self, arguments: dict[str, Any], *, effect_key: str) -> dict[str, Any]:
+        async with connect(self.engine) as conn:
+            await store.write(
+                conn,
+                key=effect_key,
+                tool=self.name,
+                idempotent=False,
+                name=_text(arguments, "name"),
+                value=_text(arguments, "value"),
+            )
+        return {"applied": True}
+
+
+class SyntheticRead(_StoreTool):
+    """The latest value written under NAME."""
+
+    name = "synthetic_read"
+    kind = ToolKind.READ_ONLY
+
+    async def run(self, arguments: dict[str, Any], *, effect_key: str) -> dict[str, Any]:
+        async with connect(self.engine) as conn:
+            return {"value": await store.latest(conn, name=_text(arguments, "name"))}
+
+
+class Tools:
+    def __init__(self, tools: list[Tool]) -> None:
+        self._tools = {t.name: t for t in tools}
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def kind_of(self, name: str) -> ToolKind:
+        tool = self._tools.get(name)
+        # A tool nobody knows could have done anything.
+        return tool.kind if tool is not None else ToolKind.UNSAFE
+
+
+def synthetic_tools(store_engine: AsyncEngine) -> Tools:
+    return Tools(
+        [SyntheticWrite(store_engine), SyntheticAppend(store_engine), SyntheticRead(store_engine)]
+    )
