@@ -35,7 +35,7 @@ SESSIONS = 64
 
 
 def _sql(notify: bool) -> str:
-    sql = str(_ADMIT)
+    sql = _ADMIT.text
     if notify:
         sql = sql.replace(
             "    SELECT ins.*, ev.seq AS event_seq FROM ins, ev",

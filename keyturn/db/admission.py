@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import text
+from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from keyturn.db.engine import Statement
 from keyturn.db.rows import TURN_COLUMNS, turn_from_row
 from keyturn.db.tables import Turn
 
-_LOOKUP = text(
+_LOOKUP = Statement(
     f"""
     SELECT s.default_history AS session_default_history,
            {", ".join("t." + c.strip() + " AS t_" + c.strip() for c in TURN_COLUMNS.split(","))}
@@ -33,7 +36,7 @@ _LOOKUP = text(
 # session queue on it and each reads the counter its predecessor committed: seq
 # stays gapless and in commit order. A conflicting key inserts nothing, so the
 # later CTEs see no row, bump nothing and append nothing.
-_ADMIT = text(
+_ADMIT = Statement(
     f"""
     WITH s AS (
         SELECT id, event_seq FROM sessions
@@ -65,6 +68,19 @@ _BY_KEY = text(
 )
 
 
+class _Row:
+    """A driver record seen through the interface rows.py reads (``_mapping``)."""
+
+    __slots__ = ("_mapping",)
+
+    def __init__(self, record: Mapping[str, Any]) -> None:
+        self._mapping = record
+
+
+def _as_row(record: Mapping[str, Any]) -> Row[Any]:
+    return cast("Row[Any]", _Row(record))
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionLookup:
     """What the record says before a write: does the session exist, and does
@@ -78,13 +94,11 @@ class AdmissionLookup:
 async def lookup(
     conn: AsyncConnection, *, tenant: str, session_id: uuid.UUID, key: str
 ) -> AdmissionLookup:
-    row = (
-        await conn.execute(_LOOKUP, {"tenant": tenant, "session_id": session_id, "key": key})
-    ).first()
+    row = await _LOOKUP.fetchrow(conn, tenant=tenant, session_id=session_id, key=key)
     if row is None:
         return AdmissionLookup(False, None, None)
-    existing = turn_from_row(row, "t_") if row.t_id is not None else None
-    return AdmissionLookup(True, row.session_default_history, existing)
+    existing = turn_from_row(_as_row(row), "t_") if row["t_id"] is not None else None
+    return AdmissionLookup(True, row["session_default_history"], existing)
 
 
 async def insert_turn(
@@ -101,24 +115,20 @@ async def insert_turn(
 ) -> Turn | None:
     """The new turn, or None when another submission already owns the key
     (or the session vanished)."""
-    row = (
-        await conn.execute(
-            _ADMIT,
-            {
-                "tenant": tenant,
-                "turn_id": turn_id,
-                "session_id": session_id,
-                "key": key,
-                "fingerprint": fingerprint,
-                "input": input,
-                "history": history,
-                "data": json.dumps(data),
-            },
-        )
-    ).first()
+    row = await _ADMIT.fetchrow(
+        conn,
+        tenant=tenant,
+        turn_id=turn_id,
+        session_id=session_id,
+        key=key,
+        fingerprint=fingerprint,
+        input=input,
+        history=history,
+        data=json.dumps(data),
+    )
     if row is None:
         return None
-    return turn_from_row(row)
+    return turn_from_row(_as_row(row))
 
 
 async def turn_by_key(conn: AsyncConnection, *, session_id: uuid.UUID, key: str) -> Turn | None:

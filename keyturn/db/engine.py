@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -85,6 +86,8 @@ def is_unavailable(error: BaseException) -> bool:
         error, OSError | ConnectionError | asyncpg.exceptions.ConnectionDoesNotExistError
     ):
         return True
+    if isinstance(error, asyncpg.InterfaceError) and "closed" in str(error):
+        return True
     orig = getattr(error, "orig", None)
     if isinstance(getattr(orig, "__cause__", None), OSError | ConnectionError):
         return True
@@ -100,10 +103,53 @@ async def connect(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
         async with engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
             yield conn
-    except (sa_exc.DBAPIError, OSError, ConnectionError) as error:
+    except (
+        sa_exc.DBAPIError,
+        OSError,
+        ConnectionError,
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+    ) as error:
         if is_unavailable(error):
             raise DatabaseUnavailable() from error
         raise
+
+
+_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+class Statement:
+    """SQL with ``:name`` parameters, run on the asyncpg connection beneath the
+    pool, which prepares it once per connection and caches it.
+
+    For the hottest statements (admission): SQLAlchemy's per-execution work
+    cost as much as the database's here (measured: +50% admissions/s without
+    it). Same SQL, same pool, same autocommit transactions.
+    """
+
+    def __init__(self, sql: str) -> None:
+        self.text = sql
+        names: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            if match.group(1) not in names:
+                names.append(match.group(1))
+            return f"${names.index(match.group(1)) + 1}"
+
+        self.sql = _PARAM.sub(number, sql)
+        self.names = tuple(names)
+
+    def __str__(self) -> str:
+        return self.text
+
+    async def fetchrow(self, conn: AsyncConnection, **params: Any) -> Mapping[str, Any] | None:
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        assert driver is not None
+        record: Mapping[str, Any] | None = await driver.fetchrow(
+            self.sql, *(params[name] for name in self.names)
+        )
+        return record
 
 
 async def with_connection(engine: AsyncEngine, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
@@ -114,6 +160,7 @@ async def with_connection(engine: AsyncEngine, fn: Callable[[AsyncConnection], A
 __all__ = [
     "DatabaseUnavailable",
     "OutcomeUnknown",
+    "Statement",
     "asyncpg_dsn",
     "connect",
     "create_engine",
