@@ -4,6 +4,11 @@ import { createClient } from "./vendor/graphql-ws.js";
 
 const STORE_LAST = "keyturn.playground.lastSubmission";
 const STORE_SESSION = "keyturn.playground.session";
+const STORE_TOKEN = "keyturn.playground.token";
+
+function token() {
+  return localStorage.getItem(STORE_TOKEN) || "";
+}
 const SESSION_PAGES = 10; // at most 10 × 100 sessions in the picker
 const TIMELINE_ROWS = 300; // newest rows kept on the page
 
@@ -140,9 +145,17 @@ const state = {
 async function gql(query, variables = {}) {
   const response = await fetch("graphql", {
     method: "POST",
-    headers: { "content-type": "application/json", accept: "application/json" },
+    headers: {
+      "content-type": "application/json",
+      accept: "application/json",
+      ...(token() ? { authorization: `Bearer ${token()}` } : {}),
+    },
     body: JSON.stringify({ query, variables }),
   });
+  if (response.status === 401) {
+    document.getElementById("token-box").open = true;
+    throw new Error("this server needs an API token: paste one under \"API token\"");
+  }
   const body = await response.json();
   if (body.errors && body.errors.length) {
     throw new Error(body.errors.map((e) => e.message).join("; "));
@@ -164,6 +177,8 @@ function setLive(stateName) {
 const ws = createClient({
   url: wsUrl(),
   lazy: true,
+  // Read at every (re)connect, so a token saved later is used.
+  connectionParams: () => (token() ? { authorization: `Bearer ${token()}` } : {}),
   retryAttempts: 1000,
   shouldRetry: () => true,
   on: {
@@ -663,3 +678,18 @@ async function init() {
 }
 
 init();
+
+// ------------------------------------------------------------------ token
+
+{
+  const form = document.getElementById("token-form");
+  const input = document.getElementById("api-token");
+  input.value = token();
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = input.value.trim();
+    if (value) localStorage.setItem(STORE_TOKEN, value);
+    else localStorage.removeItem(STORE_TOKEN);
+    window.location.reload();
+  });
+}

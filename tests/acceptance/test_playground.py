@@ -261,3 +261,37 @@ async def test_only_the_pages_own_files_are_served(live_server: ServerProcess) -
         for path in ("/package.json", "/build.mjs", "/node_modules/graphql-ws/package.json"):
             assert (await http.get(path)).status_code == 404, path
         assert (await http.get("/healthz")).status_code == 200
+
+
+async def test_with_api_tokens_the_page_asks_for_one_and_then_works(
+    browser: Browser, database_url: str, tmp_path: Path, shots: Path
+) -> None:
+    from keyturn.db.engine import create_engine
+    from keyturn.runtime.auth import create_token
+
+    engine = create_engine(database_url, pool_size=1)
+    try:
+        server = start_server_process(database_url, tmp_path, name="playground-auth")
+        secret = await create_token(engine, name="browser")
+    finally:
+        await engine.dispose()
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        page = await context.new_page()
+        await page.goto(server.url + "/")
+        token_box = page.locator("#token-box")
+        await expect(token_box).to_have_attribute("open", "", timeout=LIVE)
+        await page.get_by_label("Token (kept in this browser)").fill(secret)
+        await page.get_by_role("button", name="Use token").click()
+        await expect(page.locator("body")).to_have_attribute("data-ready", "true")
+        await page.get_by_role("button", name="New session").click()
+        await page.get_by_label("Input").fill("with a token")
+        await page.get_by_role("button", name="Submit turn").click()
+        answer = page.locator("#answer")
+        await expect(answer.locator("[data-role=typename]")).to_have_text("TurnAccepted")
+        # Live delivery over the WebSocket carries the token too.
+        await expect(answer.locator("[data-role=status]")).to_have_text("COMPLETED", timeout=LIVE)
+        await page.screenshot(path=shots / "5-with-token.png", full_page=True)
+    finally:
+        await context.close()
+        stop_process(server)
