@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -190,6 +191,21 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_experiment_interruption(args: argparse.Namespace) -> int:
+    import json
+
+    from keyturn.experiment import run_interruption, table
+
+    summary = run_interruption(
+        runs=args.runs, database_url=Settings().database_url, progress_stream=sys.stderr
+    )
+    print(table(summary))
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"observation saved to {args.json}")
+    return 0 if summary["contradictions"] == 0 else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keyturn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -224,6 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = token_sub.add_parser("revoke", help="revoke a token by name")
     revoke.add_argument("name")
     revoke.set_defaults(fn=cmd_token_revoke)
+
+    experiment = sub.add_parser("experiment", help="experiments on a throwaway database")
+    experiment_sub = experiment.add_subparsers(dest="experiment_command", required=True)
+    interruption = experiment_sub.add_parser(
+        "interruption",
+        help="SIGKILL servers at each point of a tool call; compare the record with the store",
+    )
+    interruption.add_argument("--runs", type=int, default=20, help="runs per crash point")
+    interruption.add_argument("--json", type=Path, default=None, help="save the observation")
+    interruption.set_defaults(fn=cmd_experiment_interruption)
     return parser
 
 
