@@ -25,9 +25,11 @@ serve: install
 test: install
 	$(VENV)/bin/pytest
 
-# The database-facing tests only (what CI repeats against a second PostgreSQL).
+# The rules against the database, over HTTP and WebSocket (what CI repeats
+# against a second PostgreSQL major version; the slower process-level
+# acceptance tests run once, in `make test`).
 test-db: install
-	$(VENV)/bin/pytest tests/integration tests/acceptance
+	$(VENV)/bin/pytest tests/integration
 
 lint: install
 	$(VENV)/bin/ruff check keyturn tests
