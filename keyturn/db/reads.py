@@ -13,11 +13,12 @@ from keyturn.db.rows import (
     EVENT_COLUMNS,
     SESSION_COLUMNS,
     TURN_COLUMNS,
+    EventRecord,
     event_from_row,
     session_from_row,
     turn_from_row,
 )
-from keyturn.db.tables import Event, Session, Turn
+from keyturn.db.tables import Session, Turn
 
 # Every lookup a client can cause names the tenant: another tenant's session,
 # turn or events read exactly as "not found".
@@ -118,7 +119,7 @@ async def turn_count(conn: AsyncConnection, *, session_id: uuid.UUID) -> int:
 
 async def events_after(
     conn: AsyncConnection, *, session_id: uuid.UUID, after: int, limit: int
-) -> list[Event]:
+) -> list[EventRecord]:
     rows = (
         await conn.execute(
             _EVENTS_AFTER, {"session_id": session_id, "after": after, "limit": limit}
@@ -127,7 +128,7 @@ async def events_after(
     return [event_from_row(r) for r in rows]
 
 
-async def turn_events(conn: AsyncConnection, *, turn_id: uuid.UUID) -> list[Event]:
+async def turn_events(conn: AsyncConnection, *, turn_id: uuid.UUID) -> list[EventRecord]:
     rows = (await conn.execute(_TURN_EVENTS, {"turn_id": turn_id})).all()
     return [event_from_row(r) for r in rows]
 

@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from keyturn.db.rows import TURN_COLUMNS, event_from_row, turn_from_row
-from keyturn.db.tables import Event, Turn
+from keyturn.db.rows import TURN_COLUMNS, EventRecord, event_from_row, turn_from_row
+from keyturn.db.tables import Turn
 
 _T = ", ".join("u." + c.strip() for c in TURN_COLUMNS.split(","))
 
@@ -254,6 +254,6 @@ async def history(
     return [(r.input, r.output, r.status) for r in rows]
 
 
-async def last_event(conn: AsyncConnection, *, turn_id: uuid.UUID) -> Event | None:
+async def last_event(conn: AsyncConnection, *, turn_id: uuid.UUID) -> EventRecord | None:
     row = (await conn.execute(_TERMINAL_EVENT, {"turn_id": turn_id})).first()
     return event_from_row(row) if row is not None else None

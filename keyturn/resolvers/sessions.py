@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from keyturn.db.tables import Event, Session, Turn
+from keyturn.db.rows import EventRecord
+from keyturn.db.tables import Session, Turn
 from keyturn.resolvers.context import Context
 from keyturn.resolvers.errors import BadArgument
 from keyturn.resolvers.failures import public_failures
@@ -64,7 +65,7 @@ async def session_turns(
 
 async def session_events(
     ctx: Context, *, session_id: uuid.UUID, event_count: int, first: int, after: str | None
-) -> Page[Event]:
+) -> Page[EventRecord]:
     limit = check_first(first)
     cursor = decode_seq_cursor("event", after)
     async with public_failures():

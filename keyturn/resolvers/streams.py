@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from keyturn.db.tables import Event, Turn
+from keyturn.db.rows import EventRecord
+from keyturn.db.tables import Turn
 from keyturn.errors import DatabaseUnavailable
 from keyturn.resolvers.context import Context
 from keyturn.resolvers.errors import NotFoundError, Unavailable
@@ -12,7 +13,9 @@ from keyturn.resolvers.sessions import check_after_seq, parse_id
 from keyturn.runtime.watch import NotFound
 
 
-async def session_events(ctx: Context, *, session_id: str, after_seq: int) -> AsyncIterator[Event]:
+async def session_events(
+    ctx: Context, *, session_id: str, after_seq: int
+) -> AsyncIterator[EventRecord]:
     check_after_seq(after_seq)
     sid = parse_id(session_id)
     if sid is None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from keyturn.db.tables import Event, Turn
+from keyturn.db.rows import EventRecord
+from keyturn.db.tables import Turn
 from keyturn.resolvers.context import Context
 from keyturn.resolvers.failures import public_failures
 from keyturn.resolvers.sessions import parse_id
@@ -29,6 +30,6 @@ async def get_turn(ctx: Context, *, turn_id: str) -> Turn | None:
         return await ctx.runtime.turn(tid, tenant=ctx.tenant)
 
 
-async def turn_events(ctx: Context, *, turn: Turn) -> list[Event]:
+async def turn_events(ctx: Context, *, turn: Turn) -> list[EventRecord]:
     async with public_failures():
         return await ctx.runtime.turn_events(turn.id)

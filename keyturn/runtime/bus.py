@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from keyturn.db import reads
 from keyturn.db.engine import connect
-from keyturn.db.tables import Event
+from keyturn.db.rows import EventRecord
 from keyturn.errors import DatabaseUnavailable
 
 log = logging.getLogger("keyturn.bus")
@@ -85,7 +85,7 @@ class _Channel:
     def __init__(self) -> None:
         self.subscribers: set[Subscriber] = set()
         # The cache holds every event with covered_from < seq <= high.
-        self.cache: collections.deque[Event] = collections.deque(maxlen=CACHE_EVENTS)
+        self.cache: collections.deque[EventRecord] = collections.deque(maxlen=CACHE_EVENTS)
         self.covered_from: int | None = None
         self.high: int | None = None
         self.stale = True
@@ -154,7 +154,7 @@ class EventBus:
         if not channel.subscribers:
             del self._channels[sub.session_id]
 
-    async def read(self, sub: Subscriber) -> list[Event]:
+    async def read(self, sub: Subscriber) -> list[EventRecord]:
         """Events after ``sub.cursor`` in seq order (at most a page); advances the cursor."""
         sub.woken.clear()
         channel = self._channels[sub.session_id]

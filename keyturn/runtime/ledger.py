@@ -40,7 +40,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from keyturn.db import ledger as db
 from keyturn.db import reads, work
 from keyturn.db.engine import connect
-from keyturn.db.tables import Event, Turn
+from keyturn.db.rows import EventRecord
+from keyturn.db.tables import Turn
 from keyturn.errors import DatabaseUnavailable, KeyturnError, StaleLease
 from keyturn.runtime.bus import EventBus
 from keyturn.runtime.crash import CrashHook
@@ -84,7 +85,7 @@ def effect_key(turn_id: uuid.UUID, index: int) -> str:
     return f"{turn_id}/{index}"
 
 
-def tool_calls(events: Sequence[Event]) -> list[ToolCallView]:
+def tool_calls(events: Sequence[EventRecord]) -> list[ToolCallView]:
     """The calls a turn's events establish, by index."""
     calls: dict[int, ToolCallView] = {}
 

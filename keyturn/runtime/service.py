@@ -13,7 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from keyturn.db import reads
 from keyturn.db.engine import asyncpg_dsn, connect, create_engine
 from keyturn.db.listener import Listener
-from keyturn.db.tables import Event, Session, Turn
+from keyturn.db.rows import EventRecord
+from keyturn.db.tables import Session, Turn
 from keyturn.errors import ShuttingDown
 from keyturn.runtime import watch
 from keyturn.runtime.admission import Admission, Outcome, admit_turn
@@ -142,11 +143,11 @@ class Runtime:
             page = await reads.turns_after(conn, session_id=session_id, after=after, limit=limit)
             return page, await reads.turn_count(conn, session_id=session_id)
 
-    async def events(self, *, session_id: uuid.UUID, after: int, limit: int) -> list[Event]:
+    async def events(self, *, session_id: uuid.UUID, after: int, limit: int) -> list[EventRecord]:
         async with connect(self.engine) as conn:
             return await reads.events_after(conn, session_id=session_id, after=after, limit=limit)
 
-    async def turn_events(self, turn_id: uuid.UUID) -> list[Event]:
+    async def turn_events(self, turn_id: uuid.UUID) -> list[EventRecord]:
         async with connect(self.engine) as conn:
             return await reads.turn_events(conn, turn_id=turn_id)
 
@@ -158,7 +159,7 @@ class Runtime:
     # -- streams -----------------------------------------------------------
     def session_events(
         self, session_id: uuid.UUID, after_seq: int, *, tenant: str
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncIterator[EventRecord]:
         return watch.session_events(
             engine=self.engine,
             bus=self.bus,

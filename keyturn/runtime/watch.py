@@ -9,7 +9,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from keyturn.db import reads
 from keyturn.db.engine import connect
-from keyturn.db.tables import Event, Turn
+from keyturn.db.rows import EventRecord
+from keyturn.db.tables import Turn
 from keyturn.errors import KeyturnError
 from keyturn.runtime.bus import EventBus
 
@@ -23,7 +24,7 @@ class NotFound(KeyturnError):
 
 async def session_events(
     *, engine: AsyncEngine, bus: EventBus, tenant: str, session_id: uuid.UUID, after_seq: int
-) -> AsyncIterator[Event]:
+) -> AsyncIterator[EventRecord]:
     sub = bus.register(session_id, after_seq)
     try:
         async with connect(engine) as conn:

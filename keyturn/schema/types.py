@@ -9,7 +9,7 @@ from typing import Any, cast
 import strawberry
 from strawberry.scalars import JSON
 
-from keyturn.db import tables
+from keyturn.db import rows, tables
 from keyturn.resolvers import ledger as ledger_resolvers
 from keyturn.resolvers import sessions as session_resolvers
 from keyturn.resolvers import turns as turn_resolvers
@@ -46,7 +46,7 @@ class Event:
     created_at: datetime
 
     @classmethod
-    def from_model(cls, e: tables.Event) -> Event:
+    def from_model(cls, e: rows.EventRecord) -> Event:
         return cls(
             id=strawberry.ID(str(e.id)),
             session_id=strawberry.ID(str(e.session_id)),
@@ -71,7 +71,7 @@ class EventConnection:
     total_count: int
 
     @classmethod
-    def from_page(cls, page: Page[tables.Event]) -> EventConnection:
+    def from_page(cls, page: Page[rows.EventRecord]) -> EventConnection:
         nodes = [Event.from_model(e) for e in page.items]
         return cls(
             edges=[EventEdge(cursor=c, node=n) for c, n in zip(page.cursors, nodes, strict=True)],
