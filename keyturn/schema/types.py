@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import strawberry
 from strawberry.scalars import JSON
@@ -23,6 +23,13 @@ from keyturn.schema.tool_calls import ToolCall
 class PageInfo:
     has_next_page: bool
     end_cursor: str | None
+
+
+T = TypeVar("T")
+
+
+def _pairs(page: Page[T]) -> list[tuple[str, T]]:
+    return list(zip(page.cursors, page.items, strict=True))
 
 
 def _page_info(page: Page[Any]) -> PageInfo:
@@ -72,12 +79,8 @@ class EventConnection:
 
     @classmethod
     def from_page(cls, page: Page[rows.EventRecord]) -> EventConnection:
-        nodes = [Event.from_model(e) for e in page.items]
-        return cls(
-            edges=[EventEdge(cursor=c, node=n) for c, n in zip(page.cursors, nodes, strict=True)],
-            page_info=_page_info(page),
-            total_count=page.total,
-        )
+        edges = [EventEdge(cursor=c, node=Event.from_model(x)) for c, x in _pairs(page)]
+        return cls(edges=edges, page_info=_page_info(page), total_count=page.total)
 
 
 @strawberry.type
@@ -149,12 +152,8 @@ class TurnConnection:
 
     @classmethod
     def from_page(cls, page: Page[tables.Turn]) -> TurnConnection:
-        nodes = [Turn.from_model(t) for t in page.items]
-        return cls(
-            edges=[TurnEdge(cursor=c, node=n) for c, n in zip(page.cursors, nodes, strict=True)],
-            page_info=_page_info(page),
-            total_count=page.total,
-        )
+        edges = [TurnEdge(cursor=c, node=Turn.from_model(x)) for c, x in _pairs(page)]
+        return cls(edges=edges, page_info=_page_info(page), total_count=page.total)
 
 
 @strawberry.type
@@ -212,9 +211,5 @@ class SessionConnection:
 
     @classmethod
     def from_page(cls, page: Page[tables.Session]) -> SessionConnection:
-        nodes = [Session.from_model(s) for s in page.items]
-        return cls(
-            edges=[SessionEdge(cursor=c, node=n) for c, n in zip(page.cursors, nodes, strict=True)],
-            page_info=_page_info(page),
-            total_count=page.total,
-        )
+        edges = [SessionEdge(cursor=c, node=Session.from_model(x)) for c, x in _pairs(page)]
+        return cls(edges=edges, page_info=_page_info(page), total_count=page.total)
