@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -88,6 +90,8 @@ def is_unavailable(error: BaseException) -> bool:
         return True
     if isinstance(error, asyncpg.InterfaceError) and "closed" in str(error):
         return True
+    if isinstance(error, asyncpg.exceptions.InternalClientError):
+        return True  # a connection left mid-operation by an earlier failure
     orig = getattr(error, "orig", None)
     if isinstance(getattr(orig, "__cause__", None), OSError | ConnectionError):
         return True
@@ -102,13 +106,25 @@ async def connect(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     try:
         async with engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            yield conn
+            try:
+                yield conn
+            except BaseException as error:
+                if is_unavailable(error) or isinstance(error, asyncio.CancelledError):
+                    # Statements run on the driver connection directly
+                    # (Statement) fail without SQLAlchemy seeing it: never
+                    # hand a connection that failed mid-statement back to the
+                    # pool, where the next checkout (the re-read that settles
+                    # an admission, say) would draw it.
+                    with contextlib.suppress(Exception):
+                        await conn.invalidate()
+                raise
     except (
         sa_exc.DBAPIError,
         OSError,
         ConnectionError,
         asyncpg.PostgresError,
         asyncpg.InterfaceError,
+        asyncpg.exceptions.InternalClientError,
     ) as error:
         if is_unavailable(error):
             raise DatabaseUnavailable() from error

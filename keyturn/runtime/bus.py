@@ -35,6 +35,7 @@ log = logging.getLogger("keyturn.bus")
 T = TypeVar("T")
 CACHE_EVENTS = 512
 PAGE = 200
+READ_ATTEMPTS = 8  # about 4 s of retries
 
 
 class SharedReads:
@@ -155,7 +156,23 @@ class EventBus:
             del self._channels[sub.session_id]
 
     async def read(self, sub: Subscriber) -> list[EventRecord]:
-        """Events after ``sub.cursor`` in seq order (at most a page); advances the cursor."""
+        """Events after ``sub.cursor`` in seq order (at most a page); advances the cursor.
+
+        A connection lost mid-read (a restart, ``pg_terminate_backend``) is
+        retried on a fresh one for a few seconds before the subscriber is told
+        (it then resumes from its cursor): a blip should not end a stream.
+        """
+        delay = 0.05
+        for _attempt in range(READ_ATTEMPTS - 1):
+            try:
+                return await self._read(sub)
+            except DatabaseUnavailable:
+                log.warning("subscriber read failed: database unavailable; retrying")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        return await self._read(sub)
+
+    async def _read(self, sub: Subscriber) -> list[EventRecord]:
         sub.woken.clear()
         channel = self._channels[sub.session_id]
         # Always through the lock: a refresh already in flight (started by

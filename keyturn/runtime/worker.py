@@ -163,8 +163,8 @@ class Worker:
         for turn in turns:
             await self.runner.reconcile(turn.id)
         if not self._settled_once:
-            self._settled_once = True
             await self.runner.catch_up()
+            self._settled_once = True
 
     async def _claim(self) -> None:
         while not self._stopping:
@@ -240,12 +240,20 @@ class Worker:
 
     async def _reply(self, turn: Turn) -> str:
         past: list[PastTurn] = []
-        if turn.history == History.FULL.value:
-            async with connect(self.engine) as conn:
-                rows = await work.history(
-                    conn, session_id=turn.session_id, admit_seq=turn.admit_seq
-                )
+        while turn.history == History.FULL.value:
+            # A database outage here is no reason to fail the turn: retry
+            # while the lease holds (a lost lease cancels this task).
+            try:
+                async with connect(self.engine) as conn:
+                    rows = await work.history(
+                        conn, session_id=turn.session_id, admit_seq=turn.admit_seq
+                    )
+            except DatabaseUnavailable:
+                log.warning("turn %s: reading its history failed; will retry", turn.id)
+                await asyncio.sleep(0.2)
+                continue
             past = [PastTurn(i, o, s) for i, o, s in rows]
+            break
         return await self.runner.produce(turn, past)
 
     async def _renew(self, running: _Running) -> None:

@@ -28,6 +28,8 @@ class Load:
     retries: int = 0
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     last_ack: float = 0.0
+    text: str = "t"
+    pace_s: float = 0.0  # pause between one key's acknowledgement and the next key
     error_times: list[float] = field(default_factory=list)
 
     async def submit_once(
@@ -41,6 +43,14 @@ class Load:
             )
         except httpx.TransportError:
             self.answers["transport error"] += 1
+            return None
+        if response.status_code == 503:
+            # Refused before GraphQL (the token check could not reach the
+            # database): a retryable answer at the HTTP level.
+            code = response.json()["errors"][0]["extensions"]["code"]
+            assert code == "UNAVAILABLE", response.text
+            self.answers["HTTP 503 UNAVAILABLE"] += 1
+            self.error_times.append(time.monotonic())
             return None
         if response.status_code != 200:
             raise UnexpectedAnswer(f"HTTP {response.status_code}: {response.text}")
@@ -77,9 +87,10 @@ class Load:
             i = 0
             while not self.stop.is_set():
                 i += 1
-                await self.submit_until_acknowledged(
-                    http, f"w{n}-{i}-{uuid.uuid4().hex[:6]}", f"t {n}.{i}"
-                )
+                key = f"w{n}-{i}-{uuid.uuid4().hex[:6]}"
+                await self.submit_until_acknowledged(http, key, f"{self.text} {n}.{i}")
+                if self.pace_s:
+                    await asyncio.sleep(self.pace_s)
 
     async def acks_after(self, moment: float, count: int, within: float = 30) -> None:
         """Wait until ``count`` submissions were acknowledged after ``moment``."""

@@ -139,6 +139,7 @@ class CuttingProxy:
         self._marker: str | None = None
         self._wait_for_reply = True
         self._refuse_until = 0.0
+        self._then_down = False
         self.cuts = 0
         self.cut_done = asyncio.Event()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -159,13 +160,25 @@ class CuttingProxy:
     def url(self, database: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
-    def cut_after(self, marker: str, *, wait_for_reply: bool = True) -> None:
+    def cut_after(
+        self, marker: str, *, wait_for_reply: bool = True, then_down: bool = False
+    ) -> None:
         self._marker = marker
         self._wait_for_reply = wait_for_reply
+        self._then_down = then_down
         self.cut_done.clear()
 
     def refuse_for(self, seconds: float) -> None:
         self._refuse_until = time.monotonic() + seconds
+
+    def down(self) -> None:
+        """The database is unreachable: every open connection is cut, new ones are refused."""
+        self.refuse_for(3600)
+        for w in list(self._writers):
+            w.close()
+
+    def up(self) -> None:
+        self.refuse_for(0)
 
     async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
         if time.monotonic() < self._refuse_until:
@@ -242,6 +255,8 @@ class CuttingProxy:
                     self.cuts += 1
                     await writer.drain()
                     gate.set()
+                    if self._then_down:
+                        self.down()
                     return
             await writer.drain()
 
