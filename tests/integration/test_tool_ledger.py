@@ -304,3 +304,34 @@ async def test_abandon_and_the_errors(client: GraphQLClient, db: Any) -> None:
     assert missing["__typename"] == "TurnNotFound"
     bad = await resolve(client, "nope", "RETRY", "x")
     assert bad["__typename"] == "InvalidInput"
+
+
+async def test_another_tenant_cannot_resolve_or_see_the_turn(
+    client: GraphQLClient, db: Any, database_url: str
+) -> None:
+    from keyturn.db.engine import create_engine
+    from keyturn.runtime.resolution import (
+        Outcome,
+        ResolutionAction,
+        ResolutionRequest,
+    )
+    from keyturn.runtime.resolution import (
+        resolve as resolve_in_runtime,
+    )
+
+    sid = await client.create_session()
+    tid = (await client.submit(sid, "s", "/sleep 60000"))["turn"]["id"]
+    await client.wait_for_status(tid, {"RUNNING"})
+    await take_over(db, tid)
+    await client.wait_for_status(tid, {"INTERRUPTED"})
+    engine = create_engine(database_url, pool_size=1)
+    try:
+        request = ResolutionRequest.parse(
+            turn_id=tid, action=ResolutionAction.ABANDON, idempotency_key="k", force=False
+        )
+        other = await resolve_in_runtime(engine=engine, request=request, tenant="other")
+        assert other.outcome is Outcome.TURN_NOT_FOUND
+        mine = await resolve_in_runtime(engine=engine, request=request, tenant="")
+        assert mine.outcome is Outcome.ACCEPTED
+    finally:
+        await engine.dispose()
