@@ -112,3 +112,13 @@ async def db(database_url: str) -> AsyncIterator[object]:
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """What the run exercised: faults injected, turns lost, fuzz inputs tried."""
+    from tests import figures
+
+    if figures.FIGURES:
+        terminalreporter.section("figures exercised")
+        for line in figures.summary():
+            terminalreporter.write_line(line)

@@ -6,7 +6,13 @@ import collections
 
 FIGURES: collections.Counter[str] = collections.Counter()
 # Always printed, even when zero: the figures the suite promises.
-PROMISED = ("faults injected", "turns acknowledged under faults", "turns lost")
+PROMISED = (
+    "faults injected",
+    "turns acknowledged under faults",
+    "turns lost",
+    "fuzz inputs tried",
+    "fuzz server errors",
+)
 
 
 def add(name: str, amount: int = 1) -> None:

@@ -95,6 +95,7 @@ async def test_restarts_fast_and_immediate_lose_nothing_and_recover_by_themselve
         # The process recovered by itself: healthy, listening, running turns.
         async with httpx.AsyncClient(base_url=srv.url) as http:
             assert (await http.get("/healthz")).status_code == 200
+            assert (await http.get("/readyz")).status_code == 200
         runtime = srv.app.state.runtime
         assert runtime.listener.reconnects >= 1
         await wait_all_ended(fault_db)

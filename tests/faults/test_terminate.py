@@ -132,6 +132,7 @@ async def test_terminating_each_connection_in_turn_leaves_nothing_partial_or_stu
         lost = [
             k for k, tid in load.acked.items() if k not in {t["idempotency_key"] for t in turns}
         ]
+        figures.add("turns lost", len(lost))
         assert not lost and len(turns) == len(load.acked)
         figures.add("turns acknowledged under faults", len(load.acked))
 
