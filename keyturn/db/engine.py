@@ -70,6 +70,10 @@ def _refuse_closed(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
 
 # SQLSTATE classes that mean "the server or the connection went away".
 _UNAVAILABLE_CLASSES = ("08", "57P", "53")
+# A transaction the server rolled back on its own (deadlock, serialization
+# failure) or whose completion is unknown: nothing of it committed, or it must
+# be re-read; either way the request may be retried.
+_ROLLED_BACK_STATES = ("40001", "40003", "40P01")
 
 
 def sqlstate_of(error: BaseException) -> str | None:
@@ -96,6 +100,8 @@ def is_unavailable(error: BaseException) -> bool:
     if isinstance(getattr(orig, "__cause__", None), OSError | ConnectionError):
         return True
     state = sqlstate_of(error)
+    if state in _ROLLED_BACK_STATES:
+        return True
     return state is not None and state.startswith(_UNAVAILABLE_CLASSES)
 
 
