@@ -20,6 +20,19 @@ from keyturn.db.tables import Turn
 
 _T = ", ".join("u." + c.strip() for c in TURN_COLUMNS.split(","))
 
+# Lock order, for every statement that changes a turn and appends an event:
+# the session row first, then the turn row. Admission holds the session row
+# while its ON CONFLICT check may wait for a transaction that is updating the
+# turn holding the same key; a writer that took the turn first and then
+# waited for the session would close a cycle (a deadlock PostgreSQL breaks
+# after deadlock_timeout, with a stall and an error).
+_SESSION_OF_TURN = """
+    s AS (
+        SELECT sessions.id FROM sessions JOIN turns t ON t.session_id = sessions.id
+        WHERE t.id = :turn_id
+        FOR UPDATE OF sessions
+    )"""
+
 # Only the head of a session's queue is claimable, and only while nothing of
 # its session runs. The heads come from one ordered pass over the partial
 # index of queued turns (DISTINCT ON), so a claim costs O(queued), not
@@ -34,12 +47,17 @@ _CLAIM = text(
         FROM turns
         WHERE status = 'QUEUED'
         ORDER BY session_id, admit_seq
-    ), c AS (
-        SELECT t.id FROM turns t JOIN heads h ON h.id = t.id
+    ), ready AS (
+        SELECT h.id, h.session_id FROM heads h
         WHERE NOT EXISTS (SELECT 1 FROM turns r
-                          WHERE r.session_id = t.session_id AND r.status = 'RUNNING')
+                          WHERE r.session_id = h.session_id AND r.status = 'RUNNING')
         ORDER BY h.created_at, h.admit_seq
         LIMIT :limit
+    ), s AS (
+        SELECT id FROM sessions WHERE id IN (SELECT session_id FROM ready)
+        FOR UPDATE SKIP LOCKED
+    ), c AS (
+        SELECT t.id FROM turns t JOIN ready r ON r.id = t.id JOIN s ON s.id = t.session_id
         FOR UPDATE OF t SKIP LOCKED
     ), u AS (
         UPDATE turns SET status = 'RUNNING', owner = :owner, epoch = turns.epoch + 1,
@@ -71,10 +89,12 @@ _RENEW = text(
 
 _FINISH = text(
     f"""
-    WITH u AS (
+    WITH {_SESSION_OF_TURN}, u AS (
         UPDATE turns SET status = :status, output = :output, error = :error,
                completed_at = now(), lease_until = NULL
-        WHERE id = :turn_id AND epoch = :epoch AND status = 'RUNNING'
+        FROM s
+        WHERE turns.id = :turn_id AND turns.session_id = s.id
+          AND turns.epoch = :epoch AND turns.status = 'RUNNING'
         RETURNING turns.*
     ), bump AS (
         UPDATE sessions SET event_seq = sessions.event_seq + 1
@@ -95,16 +115,19 @@ _FINISH = text(
 _INTERRUPT_EXPIRED = text(
     f"""
     WITH x AS (
-        SELECT id FROM turns
+        SELECT id, session_id FROM turns
         WHERE status = 'RUNNING' AND lease_until < now()
         ORDER BY lease_until
         LIMIT 100
+    ), s AS (
+        SELECT id FROM sessions WHERE id IN (SELECT session_id FROM x)
         FOR UPDATE SKIP LOCKED
     ), u AS (
         UPDATE turns SET status = 'INTERRUPTED', completed_at = now(),
                error = 'interrupted: the process running this turn stopped renewing its lease',
                lease_until = NULL
-        FROM x WHERE turns.id = x.id AND turns.status = 'RUNNING'
+        FROM x JOIN s ON s.id = x.session_id
+        WHERE turns.id = x.id AND turns.status = 'RUNNING' AND turns.lease_until < now()
         RETURNING turns.*
     ), bump AS (
         UPDATE sessions SET event_seq = sessions.event_seq + 1
@@ -132,10 +155,12 @@ _INTERRUPT_EXPIRED = text(
 # its lease runs out and is interrupted (and its tool calls settled).
 _RELEASE = text(
     f"""
-    WITH u AS (
+    WITH {_SESSION_OF_TURN}, u AS (
         UPDATE turns SET status = 'QUEUED', owner = NULL, lease_until = NULL,
                started_at = NULL
-        WHERE id = :turn_id AND epoch = :epoch AND status = 'RUNNING'
+        FROM s
+        WHERE turns.id = :turn_id AND turns.session_id = s.id
+          AND turns.epoch = :epoch AND turns.status = 'RUNNING'
           AND NOT EXISTS (SELECT 1 FROM events e
                           WHERE e.turn_id = :turn_id AND e.type = 'tool.intent')
         RETURNING turns.*

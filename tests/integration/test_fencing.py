@@ -14,7 +14,7 @@ from keyturn.db import work
 from keyturn.db.engine import connect, create_engine
 from keyturn.runtime.admission import Outcome, admit_turn
 from keyturn.runtime.requests import History, TurnRequest
-from tests.support import GraphQLClient, InProcessServer
+from tests.support import GraphQLClient, InProcessServer, admin
 
 
 @pytest.fixture
@@ -140,3 +140,64 @@ async def test_a_draining_process_answers_retryable_and_claims_nothing(
     error = body["errors"][0]
     assert error["extensions"] == {"code": "SHUTTING_DOWN", "retryable": True}
     assert await db.fetchval("SELECT count(*) FROM turns") == 0
+
+
+async def test_writers_lock_the_session_before_the_turn(
+    engine: AsyncEngine, db: Any, database_url: str
+) -> None:
+    """Admission holds the session row while its ON CONFLICT check may wait on
+    the transaction updating the turn that owns the key. So every writer must
+    take the session row before the turn row, or the two wait on each other
+    (a deadlock). Here a transaction holds the session row, as an admission
+    would: the claim skips the session, and the finish waits for the session
+    without having touched the turn."""
+    turn_id = await queued_turn(engine, db)
+    holder = await admin(database_url)
+    prober = await admin(database_url)
+    try:
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute(
+            "SELECT 1 FROM sessions s JOIN turns t ON t.session_id = s.id "
+            "WHERE t.id = $1 FOR UPDATE OF s",
+            turn_id,
+        )
+        async with connect(engine) as conn:
+            # Skips the locked session at once (it must not wait for it while
+            # holding the turn).
+            assert await asyncio.wait_for(work.claim(conn, owner="a", ttl_s=30, limit=10), 10) == []
+        await tx.rollback()
+
+        async with connect(engine) as conn:
+            [claimed] = await work.claim(conn, owner="a", ttl_s=30, limit=10)
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", claimed.session_id)
+
+        async def finish() -> Any:
+            async with connect(engine) as conn:
+                return await work.finish(
+                    conn,
+                    turn_id=turn_id,
+                    epoch=claimed.epoch,
+                    status="COMPLETED",
+                    event_type="turn.completed",
+                    output="done",
+                    error=None,
+                    data={},
+                )
+
+        finishing = asyncio.create_task(finish())
+        await asyncio.sleep(0.5)
+        assert not finishing.done()  # waiting for the session row...
+        async with prober.transaction():  # ...while the turn row is free
+            locked = await prober.fetchval(
+                "SELECT id FROM turns WHERE id = $1 FOR UPDATE NOWAIT", turn_id
+            )
+        assert locked == turn_id
+        await tx.rollback()
+        finished = await asyncio.wait_for(finishing, 10)
+        assert finished is not None and finished.status == "COMPLETED"
+    finally:
+        await holder.close()
+        await prober.close()
