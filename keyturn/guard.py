@@ -39,7 +39,10 @@ def _header(scope: Scope, name: bytes) -> str | None:
 async def _json_error(
     send: Send, status: int, message: str, code: str, headers: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
-    body = orjson.dumps({"errors": [{"message": message, "extensions": {"code": code}}]})
+    # The same shape as GraphQL's own errors: extensions.code, and whether a
+    # retry (with the same idempotency key) may succeed.
+    extensions = {"code": code, "retryable": status == 503}
+    body = orjson.dumps({"errors": [{"message": message, "extensions": extensions}]})
     await send(
         {
             "type": "http.response.start",
