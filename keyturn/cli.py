@@ -290,6 +290,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        # JSON lines by default when serving (KEYTURN_LOG_FORMAT=text for people).
-        logs.configure(os.environ.get("KEYTURN_LOG_FORMAT", "json"))
+        # Lines for people on a terminal, JSON lines otherwise (KEYTURN_LOG_FORMAT).
+        logs.configure(os.environ.get("KEYTURN_LOG_FORMAT", "auto"))
     raise SystemExit(args.fn(args))

@@ -61,9 +61,11 @@ def check_settings() -> tuple[list[Check], Settings | None]:
                 "lease: one slow renewal interrupts a turn",
             )
         )
-    log_format = getattr(settings, "log_format", "json")
-    if log_format not in ("json", "text"):
-        checks.append(Check(FAIL, "settings", f"KEYTURN_LOG_FORMAT {log_format!r}: json or text"))
+    log_format = getattr(settings, "log_format", "auto")
+    if log_format not in ("auto", "json", "text"):
+        checks.append(
+            Check(FAIL, "settings", f"KEYTURN_LOG_FORMAT {log_format!r}: auto, json or text")
+        )
     if not checks:
         checks.append(Check(OK, "settings", "valid"))
     return checks, settings

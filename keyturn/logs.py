@@ -1,4 +1,4 @@
-"""Logging: JSON lines (the default for ``keyturn serve``) or plain text.
+"""Logging: JSON lines or plain text (``auto``: text on a terminal, JSON otherwise).
 
 Every line carries the request id of the HTTP request or WebSocket connection
 it belongs to (see ``keyturn.requestlog``); admission lines add the session,
@@ -12,6 +12,7 @@ import contextvars
 import logging
 import logging.config
 import os
+import sys
 from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
@@ -20,7 +21,17 @@ REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "keyturn_request_id", default=None
 )
 
-FORMATS = ("json", "text")
+FORMATS = ("auto", "json", "text")
+
+
+def resolve(fmt: str) -> str:
+    """``auto``: lines for people on a terminal, JSON lines everywhere else
+    (a file, a pipe, a log collector)."""
+    if fmt == "auto":
+        return "text" if sys.stderr.isatty() else "json"
+    return fmt
+
+
 # Inputs are the users' words: kept out of the logs unless asked for.
 LOG_INPUTS = os.environ.get("KEYTURN_LOG_INPUTS", "").strip().lower() in ("1", "true", "yes")
 
@@ -57,7 +68,7 @@ def dict_config(fmt: str, level: str = "info") -> dict[str, Any]:
     which applies it in every worker process it starts)."""
     if fmt not in FORMATS:
         raise ValueError(f"KEYTURN_LOG_FORMAT must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    formatter = JsonFormatter if fmt == "json" else TextFormatter
+    formatter = JsonFormatter if resolve(fmt) == "json" else TextFormatter
     lvl = level.upper()
     return {
         "version": 1,

@@ -64,7 +64,8 @@ class Settings(BaseSettings):
     max_query_depth: int = Field(default=10, ge=1)
     connection_init_timeout_s: float = Field(default=10.0, gt=0)
     log_level: str = "info"
-    # `keyturn serve` writes JSON lines (json) or lines for people (text).
-    log_format: Literal["json", "text"] = "json"
+    # `keyturn serve` writes JSON lines (json) or lines for people (text);
+    # auto: text on a terminal, JSON otherwise.
+    log_format: Literal["auto", "json", "text"] = "auto"
     # Inputs are the users' words: logged only when this is true.
     log_inputs: bool = False
