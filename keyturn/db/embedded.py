@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ def start(data_dir: Path, *, stop_at_exit: bool = True) -> tuple[str, Any]:
     ``stop_at_exit`` the server stops when the last process holding it exits.
     """
     # The library looks for a runtime directory for its lock file.
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(Path("/tmp") / f"keyturn-{os.getuid()}"))
+    os.environ.setdefault(
+        "XDG_RUNTIME_DIR", str(Path(tempfile.gettempdir()) / f"keyturn-{os.getuid()}")
+    )
     Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
