@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,50 @@ async def test_a_turn_left_running_by_a_killed_process_never_runs_twice(
         assert replay["turn"]["status"] == "INTERRUPTED"
         nxt = await client.wait_for_status(after["turn"]["id"], {"COMPLETED"})
         assert "1. /sleep 8000 interrupted [interrupted]" in nxt["output"]
+        await client.close()
+    finally:
+        stop_process(new)
+
+
+async def test_a_clean_stop_does_not_hand_back_a_turn_whose_tool_ran(
+    database_url: str, tmp_path: Path, db: Any
+) -> None:
+    """A turn that has acted outside itself is never run again on its own: a
+    clean stop leaves it to its lease, and it ends INTERRUPTED with what the
+    record establishes about its tool call."""
+    old = start_server_process(
+        database_url, tmp_path, name="old", env={"KEYTURN_SHUTDOWN_GRACE_S": "0.5"}
+    )
+    client = GraphQLClient(old.url)
+    sid = await client.create_session()
+    turn = (await client.submit(sid, "t", "/sleep 6000 /write colour=blue"))["turn"]
+    for _ in range(200):
+        types = [e["type"] for e in (await client.turn(turn["id"]))["events"]]
+        if "tool.result" in types:
+            break
+        await asyncio.sleep(0.05)
+    await client.close()
+    stop_process(old)  # SIGTERM while the reply is still being written
+    assert "turn.released" not in [
+        r["type"]
+        for r in await db.fetch("SELECT type FROM events WHERE turn_id = $1::uuid", turn["id"])
+    ]
+    new = start_server_process(database_url, tmp_path, name="new")
+    try:
+        client = GraphQLClient(new.url)
+        ended = await client.wait_for_status(turn["id"], {"INTERRUPTED", "COMPLETED"}, within=20)
+        assert ended["status"] == "INTERRUPTED"
+        data = await client.execute(
+            "query($id: ID!) { turn(id: $id) { toolCalls { index tool state effectKey } } }",
+            {"id": turn["id"]},
+        )
+        [call] = data["turn"]["toolCalls"]
+        assert (call["tool"], call["state"]) == ("synthetic_write", "COMPLETED")
+        applied = await db.fetchval(
+            "SELECT count(*) FROM synthetic_effects WHERE effect_key = $1 AND applied",
+            call["effectKey"],
+        )
+        assert applied == 1
         await client.close()
     finally:
         stop_process(new)
