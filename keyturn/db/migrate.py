@@ -41,8 +41,12 @@ def _current(connection: Connection) -> Any:
 
 
 async def upgrade(engine: AsyncEngine) -> None:
-    async with engine.begin() as conn:
-        await conn.run_sync(_upgrade)
+    # A real transaction, whatever the engine's default: the advisory lock is
+    # held to its end, and the DDL commits or rolls back as one.
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="READ COMMITTED")
+        async with conn.begin():
+            await conn.run_sync(_upgrade)
 
 
 async def current_revision(engine: AsyncEngine) -> str | None:

@@ -71,20 +71,23 @@ async def _admit(*, engine: AsyncEngine, request: TurnRequest, tenant: str) -> A
     dies while the statement commits, the outcome is unknown: it is settled by
     reading the key again on a fresh connection, never guessed.
     """
-    async with connect(engine) as conn:
-        found = await db.lookup(
-            conn, tenant=tenant, session_id=request.session_id, key=request.idempotency_key
-        )
-    if not found.session_found:
-        return Admission(Outcome.SESSION_NOT_FOUND)
-    history = request.effective_history(History(found.default_history or History.FULL))
-    fp = fingerprint(input=request.input, history=history)
-    if found.existing is not None:
-        return _judge(found.existing, fp)
-
     turn_id = uuid.uuid4()
+    fp = ""
+    writing = False  # once the admission statement is sent, its outcome must be settled
     try:
+        # One pooled connection for the whole admission: a checkout costs
+        # about as much as a short statement.
         async with connect(engine) as conn:
+            found = await db.lookup(
+                conn, tenant=tenant, session_id=request.session_id, key=request.idempotency_key
+            )
+            if not found.session_found:
+                return Admission(Outcome.SESSION_NOT_FOUND)
+            history = request.effective_history(History(found.default_history or History.FULL))
+            fp = fingerprint(input=request.input, history=history)
+            if found.existing is not None:
+                return _judge(found.existing, fp)
+            writing = True
             turn = await db.insert_turn(
                 conn,
                 tenant=tenant,
@@ -102,6 +105,8 @@ async def _admit(*, engine: AsyncEngine, request: TurnRequest, tenant: str) -> A
                 conn, session_id=request.session_id, key=request.idempotency_key
             )
     except DatabaseUnavailable:
+        if not writing:
+            raise  # nothing was sent that could have written: plainly retryable
         return await _settle_unknown(engine, request, turn_id, fp)
     if winner is None:
         # The statement inserted nothing and no turn holds the key: the

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import psutil
 import pytest
 
 from keyturn.db.migrate import head_revision
-from tests.support import GraphQLClient, start_server_process, stop_process
+from tests.support import GraphQLClient, admin, start_server_process, stop_process, with_database
 
 pytestmark = pytest.mark.slow
 
@@ -76,3 +78,46 @@ def test_db_upgrade_and_current(database_url: str, tmp_path: Path) -> None:
     )
     assert cur.returncode == 0, cur.stderr
     assert f"revision {head_revision()}: up to date" in cur.stdout
+
+
+async def test_processes_migrating_at_once_take_turns(server_url: str, tmp_path: Path) -> None:
+    """Three `keyturn db upgrade` at the same moment on an empty database: the
+    advisory lock serialises them, the first migrates, the others find nothing
+    left to do."""
+    name = f"keyturn_m_{uuid.uuid4().hex[:12]}"
+    conn = await admin(server_url)
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    url = with_database(server_url, name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYTURN_")}
+    env["KEYTURN_DATABASE_URL"] = url
+    try:
+        procs = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "keyturn",
+                "db",
+                "upgrade",
+                env=env,
+                cwd=tmp_path,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            for _ in range(3)
+        ]
+        for p in procs:
+            _out, err = await asyncio.wait_for(p.communicate(), 120)
+            assert p.returncode == 0, err.decode()
+        check = await admin(url)
+        try:
+            assert await check.fetchval("SELECT version_num FROM alembic_version") == (
+                head_revision()
+            )
+            assert await check.fetchval("SELECT count(*) FROM alembic_version") == 1
+        finally:
+            await check.close()
+    finally:
+        conn = await admin(server_url)
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.close()
