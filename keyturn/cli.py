@@ -125,6 +125,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         log_config=logs.dict_config(settings.log_format, settings.log_level),
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
+        # GraphQL messages are small; per-message compression would keep a
+        # zlib context pair per WebSocket (most of an idle subscription's
+        # memory) and spend CPU on every frame.
+        ws_per_message_deflate=False,
     )
     return 0
 
