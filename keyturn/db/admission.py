@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from keyturn.db.engine import Statement
-from keyturn.db.rows import TURN_COLUMNS, turn_from_row
+from keyturn.db.rows import TURN_COLUMNS, as_row, turn_from_row
 from keyturn.db.tables import Turn
 
 _LOOKUP = Statement(
@@ -68,19 +66,6 @@ _BY_KEY = text(
 )
 
 
-class _Row:
-    """A driver record seen through the interface rows.py reads (``_mapping``)."""
-
-    __slots__ = ("_mapping",)
-
-    def __init__(self, record: Mapping[str, Any]) -> None:
-        self._mapping = record
-
-
-def _as_row(record: Mapping[str, Any]) -> Row[Any]:
-    return cast("Row[Any]", _Row(record))
-
-
 @dataclass(frozen=True, slots=True)
 class AdmissionLookup:
     """What the record says before a write: does the session exist, and does
@@ -97,7 +82,7 @@ async def lookup(
     row = await _LOOKUP.fetchrow(conn, tenant=tenant, session_id=session_id, key=key)
     if row is None:
         return AdmissionLookup(False, None, None)
-    existing = turn_from_row(_as_row(row), "t_") if row["t_id"] is not None else None
+    existing = turn_from_row(as_row(row), "t_") if row["t_id"] is not None else None
     return AdmissionLookup(True, row["session_default_history"], existing)
 
 
@@ -128,7 +113,7 @@ async def insert_turn(
     )
     if row is None:
         return None
-    return turn_from_row(_as_row(row))
+    return turn_from_row(as_row(row))
 
 
 async def turn_by_key(conn: AsyncConnection, *, session_id: uuid.UUID, key: str) -> Turn | None:

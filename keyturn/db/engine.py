@@ -168,13 +168,23 @@ class Statement:
         return self.text
 
     async def fetchrow(self, conn: AsyncConnection, **params: Any) -> Mapping[str, Any] | None:
-        raw = await conn.get_raw_connection()
-        driver = raw.driver_connection
-        assert driver is not None
-        record: Mapping[str, Any] | None = await driver.fetchrow(
+        record: Mapping[str, Any] | None = await (await self._driver(conn)).fetchrow(
             self.sql, *(params[name] for name in self.names)
         )
         return record
+
+    async def fetch(self, conn: AsyncConnection, **params: Any) -> list[Mapping[str, Any]]:
+        records: list[Mapping[str, Any]] = await (await self._driver(conn)).fetch(
+            self.sql, *(params[name] for name in self.names)
+        )
+        return records
+
+    @staticmethod
+    async def _driver(conn: AsyncConnection) -> Any:
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        assert driver is not None
+        return driver
 
 
 async def with_connection(engine: AsyncEngine, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.engine import Row
 
@@ -60,3 +61,18 @@ def event_from_row(row: Row[Any]) -> EventRecord:
 
 def session_from_row(row: Row[Any]) -> Session:
     return Session(**_fields(row, _SESSION))
+
+
+class _Record:
+    """A driver record seen through the interface the functions above read."""
+
+    __slots__ = ("_mapping",)
+
+    def __init__(self, record: Mapping[str, Any]) -> None:
+        self._mapping = record
+
+
+def as_row(record: Mapping[str, Any]) -> Row[Any]:
+    """Lets a record from :class:`keyturn.db.engine.Statement` go through the
+    same ``*_from_row`` functions as a SQLAlchemy row."""
+    return cast("Row[Any]", _Record(record))

@@ -15,7 +15,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from keyturn.db.rows import TURN_COLUMNS, EventRecord, event_from_row, turn_from_row
+from keyturn.db.engine import Statement
+from keyturn.db.rows import TURN_COLUMNS, EventRecord, as_row, event_from_row, turn_from_row
 from keyturn.db.tables import Turn
 
 _T = ", ".join("u." + c.strip() for c in TURN_COLUMNS.split(","))
@@ -40,7 +41,7 @@ _SESSION_OF_TURN = """
 # queue. A head locked by another claimer is skipped, never its successor.
 # The partial unique index on RUNNING turns backs this up: if two claimers
 # ever raced past the checks, one statement would fail.
-_CLAIM = text(
+_CLAIM = Statement(
     f"""
     WITH heads AS (
         SELECT DISTINCT ON (session_id) id, session_id, admit_seq, created_at
@@ -87,7 +88,7 @@ _RENEW = text(
     """
 )
 
-_FINISH = text(
+_FINISH = Statement(
     f"""
     WITH {_SESSION_OF_TURN}, u AS (
         UPDATE turns SET status = :status, output = :output, error = :error,
@@ -212,8 +213,8 @@ _TERMINAL_EVENT = text(
 
 
 async def claim(conn: AsyncConnection, *, owner: str, ttl_s: float, limit: int) -> list[Turn]:
-    rows = (await conn.execute(_CLAIM, {"owner": owner, "ttl": ttl_s, "limit": limit})).all()
-    return [turn_from_row(r) for r in rows]
+    rows = await _CLAIM.fetch(conn, owner=owner, ttl=ttl_s, limit=limit)
+    return [turn_from_row(as_row(r)) for r in rows]
 
 
 async def renew(conn: AsyncConnection, *, turn_id: uuid.UUID, epoch: int, ttl_s: float) -> bool:
@@ -233,21 +234,17 @@ async def finish(
     data: dict[str, Any],
 ) -> Turn | None:
     """The finished turn, or None when the epoch or status no longer matched."""
-    row = (
-        await conn.execute(
-            _FINISH,
-            {
-                "turn_id": turn_id,
-                "epoch": epoch,
-                "status": status,
-                "type": event_type,
-                "output": output,
-                "error": error,
-                "data": json.dumps(data),
-            },
-        )
-    ).first()
-    return turn_from_row(row) if row is not None else None
+    row = await _FINISH.fetchrow(
+        conn,
+        turn_id=turn_id,
+        epoch=epoch,
+        status=status,
+        type=event_type,
+        output=output,
+        error=error,
+        data=json.dumps(data),
+    )
+    return turn_from_row(as_row(row)) if row is not None else None
 
 
 async def interrupt_expired(conn: AsyncConnection, *, by: str) -> list[Turn]:
