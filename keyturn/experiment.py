@@ -24,11 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -40,6 +38,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from keyturn.runtime.crash import POINTS
+from keyturn.serverproc import ServerProcess, start_server
 
 KINDS = (("IDEMPOTENT", "/write"), ("UNSAFE", "/append"))
 HAPPENED = {"COMPLETED", "RECONCILED_APPLIED"}
@@ -92,72 +91,24 @@ class Progress:
 
 
 # -- processes and HTTP -------------------------------------------------------
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class _Server:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-
-def _start_server(database_url: str, workdir: Path, runs: int, crash_at: str | None) -> _Server:
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYTURN_")}
-    env.pop("DATABASE_URL", None)
-    env.update(
-        {
-            "KEYTURN_DATABASE_URL": database_url,
-            "KEYTURN_LEASE_TTL_S": "2",
-            "KEYTURN_LEASE_RENEW_S": "0.4",
-            "KEYTURN_CLAIM_POLL_S": "0.2",
-            "KEYTURN_MAX_RUNNING_TURNS": str(2 * runs * len(KINDS) + 8),
-            "KEYTURN_POOL_SIZE": "20",
-            "KEYTURN_LOG_LEVEL": "warning",
-        }
-    )
+def _start_server(
+    database_url: str, workdir: Path, runs: int, crash_at: str | None
+) -> ServerProcess:
+    env = {
+        "KEYTURN_LEASE_TTL_S": "2",
+        "KEYTURN_LEASE_RENEW_S": "0.4",
+        "KEYTURN_CLAIM_POLL_S": "0.2",
+        "KEYTURN_MAX_RUNNING_TURNS": str(2 * runs * len(KINDS) + 8),
+        "KEYTURN_POOL_SIZE": "20",
+        "KEYTURN_LOG_LEVEL": "warning",
+    }
     if crash_at is not None:
         env["KEYTURN_CRASH_AT"] = f"{crash_at}:{CRASHED_CALL}"
         env["KEYTURN_CRASH_AFTER"] = str(runs * len(KINDS))
-    log = workdir / f"server-{port}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "keyturn", "serve", "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=workdir,
-        )
-    server = _Server(f"http://127.0.0.1:{port}", proc, log)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early:\n{log.read_text(errors='replace')}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(server.url + "/healthz", timeout=1) as r:
-                if r.status == 200:
-                    return server
-        time.sleep(0.1)
-    raise RuntimeError("server not healthy in 60 s")
+    return start_server(database_url, workdir, env=env)
 
 
-def _stop(server: _Server) -> None:
-    if server.proc.poll() is None:
-        server.proc.send_signal(signal.SIGTERM)
-        try:
-            server.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait()
-
-
-def _gql(server: _Server, query: str, variables: dict[str, Any]) -> Any:
+def _gql(server: ServerProcess, query: str, variables: dict[str, Any]) -> Any:
     body = json.dumps({"query": query, "variables": variables}).encode()
     req = urllib.request.Request(
         server.url + "/graphql", data=body, headers={"content-type": "application/json"}
@@ -224,7 +175,7 @@ def _store_counts(database_url: str, keys: list[str]) -> dict[str, int]:
 
 
 # -- the experiment -----------------------------------------------------------
-def _submit_all(server: _Server, point: str, runs: int) -> list[tuple[str, str, int]]:
+def _submit_all(server: ServerProcess, point: str, runs: int) -> list[tuple[str, str, int]]:
     turns = []
     for kind, directive in KINDS:
         for run in range(runs):
@@ -251,7 +202,7 @@ def _settled(turn: dict[str, Any], crashed: bool) -> bool:
 
 
 def _observe(
-    server: _Server,
+    server: ServerProcess,
     database_url: str,
     point: str,
     turns: list[tuple[str, str, int]],
@@ -327,7 +278,7 @@ def run_interruption(
                 if server.proc.returncode != -signal.SIGKILL:
                     raise RuntimeError(
                         f"the server exited with {server.proc.returncode}, not SIGKILL:\n"
-                        + server.log.read_text(errors="replace")
+                        + server.log()
                     )
                 progress(f"{label}: killed; starting a replacement")
                 following = POINTS[n + 1] if n + 1 < len(POINTS) else None
@@ -337,7 +288,7 @@ def run_interruption(
             progress(f"{label}: running {runs * len(KINDS)} turns")
             turns = _submit_all(server, "none", runs)
             observations += _observe(server, url, "none", turns, False, progress, label)
-            _stop(server)
+            server.stop()
     finally:
         progress.done()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,15 +19,10 @@ from sqlalchemy.engine import make_url
 
 from keyturn.app import create_app
 from keyturn.db.engine import asyncpg_dsn
+from keyturn.serverproc import ServerProcess, free_port, start_server
 from keyturn.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def with_database(url: str, name: str) -> str:
@@ -182,20 +173,14 @@ async def serve_in_process(
         await asyncio.wait_for(task, 30)
 
 
-@dataclass
-class ServerProcess:
-    """``keyturn serve`` as a real process."""
-
-    url: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def ws_url(self) -> str:
-        return self.url.replace("http://", "ws://") + "/graphql"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+# Short leases and polls for servers started as processes in tests.
+TEST_SERVER_ENV = {
+    "KEYTURN_CLAIM_POLL_S": "0.2",
+    "KEYTURN_SUBSCRIPTION_POLL_S": "0.5",
+    "KEYTURN_LEASE_TTL_S": "3",
+    "KEYTURN_LEASE_RENEW_S": "0.5",
+    "KEYTURN_LOG_LEVEL": "warning",
+}
 
 
 def start_server_process(
@@ -206,76 +191,28 @@ def start_server_process(
     workers: int = 1,
     name: str = "server",
 ) -> ServerProcess:
-    port = free_port()
-    full_env = dict(os.environ)
-    for k in list(full_env):
-        if k.startswith("KEYTURN_") or k == "DATABASE_URL":
-            del full_env[k]
-    full_env.update(
-        {
-            "KEYTURN_CLAIM_POLL_S": "0.2",
-            "KEYTURN_SUBSCRIPTION_POLL_S": "0.5",
-            "KEYTURN_LEASE_TTL_S": "3",
-            "KEYTURN_LEASE_RENEW_S": "0.5",
-            "KEYTURN_LOG_LEVEL": "warning",
-        }
+    return start_server(
+        database_url, log_dir, env={**TEST_SERVER_ENV, **(env or {})}, workers=workers, name=name
     )
-    if database_url is not None:
-        full_env["KEYTURN_DATABASE_URL"] = database_url
-    full_env.update(env or {})
-    log_path = log_dir / f"{name}-{port}.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "keyturn",
-                "serve",
-                "--port",
-                str(port),
-                "--workers",
-                str(workers),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            cwd=log_dir,
-        )
-    server = ServerProcess(f"http://127.0.0.1:{port}", proc, log_path)
-    wait_healthy(server)
-    return server
-
-
-def wait_healthy(server: ServerProcess, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise AssertionError(f"server exited early:\n{server.log()}")
-        try:
-            if httpx.get(server.url + "/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"server not healthy in {timeout}s:\n{server.log()}")
 
 
 def stop_process(server: ServerProcess, timeout: float = 30) -> None:
-    if server.proc.poll() is None:
-        server.proc.terminate()
-        try:
-            server.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait()
+    server.stop(timeout)
+
+
+async def counts(db: Any, session_id: str) -> tuple[int, int, int]:
+    """(turns, turn.started events, the session's seq counter) straight from the tables."""
+    turns = await db.fetchval("SELECT count(*) FROM turns WHERE session_id = $1::uuid", session_id)
+    started = await db.fetchval(
+        "SELECT count(*) FROM events WHERE session_id = $1::uuid AND type = 'turn.started'",
+        session_id,
+    )
+    seq = await db.fetchval("SELECT event_seq FROM sessions WHERE id = $1::uuid", session_id)
+    return turns, started, seq
 
 
 def new_key() -> str:
     return f"key-{uuid.uuid4()}"
-
-
-def iter_lines(text: str) -> Iterator[str]:
-    yield from text.splitlines()
 
 
 @contextlib.asynccontextmanager
