@@ -21,6 +21,7 @@ from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.types.unset import UnsetType
 
 from keyturn import health, metrics
+from keyturn.db import embedded
 from keyturn.db.engine import create_engine
 from keyturn.guard import Guard, bearer_token
 from keyturn.playground import playground_mount
@@ -76,16 +77,6 @@ class KeyturnGraphQL(GraphQL[Context, None]):
         return UnsetType()
 
 
-def resolve_database_url(settings: Settings) -> str:
-    """The configured URL, or the embedded server's (started if need be)."""
-    if settings.database_url:
-        return settings.database_url
-    from keyturn.db import embedded
-
-    url, _handle = embedded.start(settings.data_dir)
-    return url
-
-
 def _drain_on_sigterm(runtime: Runtime) -> Callable[[], None]:
     """Chain onto uvicorn's SIGTERM/SIGINT handler so that draining starts the
     moment the signal arrives, not only once uvicorn has closed every
@@ -118,7 +109,7 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        url = database_url or resolve_database_url(settings)
+        url = database_url or embedded.resolve_url(settings.database_url, settings.data_dir)[0]
         engine = create_engine(url, pool_size=settings.pool_size)
         runtime = Runtime(engine=engine, settings=settings, database_url=url)
         auth = Authenticator(engine, recheck_s=settings.auth_recheck_s)

@@ -26,35 +26,15 @@ log = logging.getLogger("keyturn")
 
 
 def _database_url(settings: Settings) -> tuple[str, str]:
-    """The URL to use and a description of it for people."""
-    if settings.database_url:
-        return settings.database_url, "external PostgreSQL (KEYTURN_DATABASE_URL)"
     from keyturn.db import embedded
 
-    url, _handle = embedded.start(settings.data_dir)
-    return url, f"embedded PostgreSQL, data in {settings.data_dir / 'pgdata'}"
+    return embedded.resolve_url(settings.database_url, settings.data_dir)
 
 
 async def _upgrade(url: str) -> None:
-    from keyturn.db.engine import create_engine
     from keyturn.db.migrate import upgrade
 
-    engine = create_engine(url, pool_size=1)
-    try:
-        await upgrade(engine)
-    finally:
-        await engine.dispose()
-
-
-async def _current(url: str) -> str | None:
-    from keyturn.db.engine import create_engine
-    from keyturn.db.migrate import current_revision
-
-    engine = create_engine(url, pool_size=1)
-    try:
-        return await current_revision(engine)
-    finally:
-        await engine.dispose()
+    await _on_engine(url, upgrade)
 
 
 async def _on_engine(url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
@@ -160,10 +140,10 @@ def cmd_db_upgrade(_args: argparse.Namespace) -> int:
 
 
 def cmd_db_current(_args: argparse.Namespace) -> int:
-    from keyturn.db.migrate import head_revision
+    from keyturn.db.migrate import current_revision, head_revision
 
     url, where = _database_url(Settings())
-    current = asyncio.run(_current(url))
+    current = asyncio.run(_on_engine(url, current_revision))
     head = head_revision()
     state = "up to date" if current == head else f"behind (head is {head})"
     print(f"revision {current or 'none'}: {state} ({where})")

@@ -39,3 +39,12 @@ def start(data_dir: Path, *, stop_at_exit: bool = True) -> tuple[str, Any]:
     url = server.get_uri("postgres")
     log.info("embedded PostgreSQL running, data in %s", data_dir / "pgdata")
     return url, server
+
+
+def resolve_url(database_url: str | None, data_dir: Path) -> tuple[str, str]:
+    """The configured URL, or the embedded server's (started if need be), and
+    a description of it for people."""
+    if database_url:
+        return database_url, "external PostgreSQL (KEYTURN_DATABASE_URL)"
+    url, _handle = start(data_dir)
+    return url, f"embedded PostgreSQL, data in {data_dir / 'pgdata'}"

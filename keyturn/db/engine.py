@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -187,11 +187,6 @@ class Statement:
         return driver
 
 
-async def with_connection(engine: AsyncEngine, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-    async with connect(engine) as conn:
-        return await fn(conn)
-
-
 __all__ = [
     "DatabaseUnavailable",
     "OutcomeUnknown",
@@ -202,5 +197,4 @@ __all__ = [
     "is_unavailable",
     "sqlalchemy_url",
     "sqlstate_of",
-    "with_connection",
 ]

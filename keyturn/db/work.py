@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from keyturn.db.engine import Statement
-from keyturn.db.rows import TURN_COLUMNS, EventRecord, as_row, event_from_row, turn_from_row
+from keyturn.db.rows import TURN_COLUMNS, as_row, turn_from_row
 from keyturn.db.tables import Turn
 
 _T = ", ".join("u." + c.strip() for c in TURN_COLUMNS.split(","))
@@ -206,11 +206,6 @@ _HISTORY = text(
     """
 )
 
-_TERMINAL_EVENT = text(
-    "SELECT id, session_id, turn_id, seq, type, data, created_at FROM events "
-    "WHERE turn_id = :turn_id ORDER BY seq DESC LIMIT 1"
-)
-
 
 async def claim(conn: AsyncConnection, *, owner: str, ttl_s: float, limit: int) -> list[Turn]:
     rows = await _CLAIM.fetch(conn, owner=owner, ttl=ttl_s, limit=limit)
@@ -274,8 +269,3 @@ async def history(
 ) -> list[tuple[str, str | None, str]]:
     rows = (await conn.execute(_HISTORY, {"session_id": session_id, "admit_seq": admit_seq})).all()
     return [(r.input, r.output, r.status) for r in rows]
-
-
-async def last_event(conn: AsyncConnection, *, turn_id: uuid.UUID) -> EventRecord | None:
-    row = (await conn.execute(_TERMINAL_EVENT, {"turn_id": turn_id})).first()
-    return event_from_row(row) if row is not None else None
