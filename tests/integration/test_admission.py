@@ -7,18 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import GraphQLClient, new_key
-
-
-async def counts(db: Any, session_id: str) -> tuple[int, int, int]:
-    """(turns, turn.started events, the session's seq counter) straight from the tables."""
-    turns = await db.fetchval("SELECT count(*) FROM turns WHERE session_id = $1::uuid", session_id)
-    started = await db.fetchval(
-        "SELECT count(*) FROM events WHERE session_id = $1::uuid AND type = 'turn.started'",
-        session_id,
-    )
-    seq = await db.fetchval("SELECT event_seq FROM sessions WHERE id = $1::uuid", session_id)
-    return turns, started, seq
+from tests.support import GraphQLClient, counts, new_key
 
 
 async def test_accepted_turn_and_its_started_event_are_saved_before_the_answer(
