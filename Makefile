@@ -32,13 +32,14 @@ test-db: install
 	$(VENV)/bin/pytest tests/integration
 
 lint: install
-	$(VENV)/bin/ruff check keyturn tests
-	$(VENV)/bin/ruff format --check keyturn tests
+	$(VENV)/bin/ruff check keyturn tests bench
+	$(VENV)/bin/ruff format --check keyturn tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 format: install
-	$(VENV)/bin/ruff format keyturn tests
-	$(VENV)/bin/ruff check --fix keyturn tests
+	$(VENV)/bin/ruff format keyturn tests bench
+	$(VENV)/bin/ruff check --fix keyturn tests bench
 
 # The benchmark (bench/README.md): Keyturn beside its floor and a REST peer.
 # A smaller run: make bench BENCH_ARGS="--smoke"

@@ -2,7 +2,7 @@
 
 Its files live in playground/ at the top of the repository; building the
 package copies the ones the server serves into keyturn/playground_assets/.
-Keep SERVED_PATTERNS in step with keyturn/playground.py.
+Keep SERVED_PATTERNS in step with keyturn/http/playground.py.
 """
 
 from pathlib import Path

@@ -18,11 +18,15 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import asyncpg
 
 from bench.common import ADMIT, fingerprint
+
+T = TypeVar("T")
 
 
 async def _no_reset(_conn: asyncpg.Connection) -> None:
@@ -72,6 +76,15 @@ async def run(args: argparse.Namespace, sessions: list[uuid.UUID]) -> dict[str, 
     }
 
 
+def _run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """On uvloop, as uvicorn runs Keyturn and the peer."""
+    try:
+        from uvloop import run
+    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
+        return asyncio.run(main)
+    return run(main)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dsn", required=True)
@@ -82,12 +95,8 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=20)
     parser.add_argument("--prefix", default="floor")
     args = parser.parse_args()
-    try:
-        from uvloop import run as run_loop
-    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
-        run_loop = asyncio.run
     sessions = [uuid.UUID(x) for x in Path(args.sessions).read_text().split()]
-    json.dump(run_loop(run(args, sessions)), sys.stdout)
+    json.dump(_run_loop(run(args, sessions)), sys.stdout)
     sys.stdout.write("\n")
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Request = tuple[str, str, dict[str, str], bytes]  # method, path, headers, body
+MakeRequest = Callable[[int], Request]  # the n-th request of a run
 
 
 class Connection:
@@ -74,7 +75,7 @@ Classify = Callable[[int, bytes], str]
 async def closed_loop(
     host: str,
     port: int,
-    make: Callable[[int], Request],
+    make: MakeRequest,
     classify: Classify,
     *,
     concurrency: int,
@@ -112,7 +113,7 @@ async def closed_loop(
 async def open_loop(
     host: str,
     port: int,
-    make: Callable[[int], Request],
+    make: MakeRequest,
     classify: Classify,
     *,
     rate: float,

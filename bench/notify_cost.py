@@ -2,7 +2,8 @@
 
     python -m bench.notify_cost [--url URL] [--clients 8] [--seconds 5]
 
-- none:     Keyturn's admission statement alone (nobody is woken);
+- none:     the admission statement alone (bench/common.py: Keyturn's, as the
+            floor and the peer run it; nobody is woken);
 - inside:   the same statement with pg_notify() in it, so every admitting
             transaction takes the global notify lock at commit;
 - keyturn:  the statement alone, then a wake-up queued for Keyturn's listener
@@ -10,45 +11,37 @@
             Keyturn does).
 
 Prints admissions per second for each and the ratios to "none". Uses its own
-throwaway database on the server it is given (default: the embedded one).
+throwaway database on the server it is given (default: an embedded one).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import tempfile
+import contextlib
 import time
 import uuid
-from pathlib import Path
-from typing import Any
 
 import asyncpg
 
-from keyturn.db.admission import _ADMIT
-from keyturn.db.engine import asyncpg_dsn, create_engine
+from bench.common import ADMIT
+from keyturn.db.engine import asyncpg_dsn
 from keyturn.db.listener import Listener
-from keyturn.db.migrate import upgrade
+from keyturn.ops.databases import admin_connect, embedded_server, migrate, throwaway
 
 SESSIONS = 64
+_RESULT = "SELECT ins.id, ins.status, ins.admit_seq FROM ins, ev"
 
 
 def _sql(notify: bool) -> str:
-    sql = _ADMIT.text
-    if notify:
-        sql = sql.replace(
-            "    SELECT ins.*, ev.seq AS event_seq FROM ins, ev",
-            "    , n AS (SELECT pg_notify('keyturn_events', CAST(ins.session_id AS text))"
-            " FROM ins)\n"
-            "    SELECT ins.*, ev.seq AS event_seq FROM ins, ev, n",
-        )
-    # SQLAlchemy's :name parameters → asyncpg's $n
-    for n, name in enumerate(
-        ["session_id", "turn_id", "key", "fingerprint", "input", "history", "data"], 1
-    ):
-        sql = sql.replace(f":{name}", f"${n}")
-    return sql.replace("$1ession_id", "session_id")
+    if not notify:
+        return ADMIT
+    assert _RESULT in ADMIT
+    return ADMIT.replace(
+        _RESULT,
+        ", n AS (SELECT pg_notify('keyturn_events', CAST(ins.session_id AS text)) FROM ins)\n"
+        f"{_RESULT}, n",
+    )
 
 
 async def _run(
@@ -73,13 +66,7 @@ async def _run(
             while time.perf_counter() < deadline:
                 sid = sessions[(i * 7919 + n) % len(sessions)]
                 row = await stmt.fetchrow(
-                    sid,
-                    uuid.uuid4(),
-                    f"{run}-{i}-{n}",
-                    "fp",
-                    "hello",
-                    "FULL",
-                    json.dumps({"history": "FULL"}),
+                    sid, f"{run}-{i}-{n}", uuid.uuid4(), "fp", "hello", "FULL"
                 )
                 assert row is not None
                 if listener is not None:
@@ -94,19 +81,11 @@ async def _run(
     return done / elapsed
 
 
-async def main_async(url: str, clients: int, seconds: float) -> dict[str, Any]:
-    admin = await asyncpg.connect(asyncpg_dsn(url))
-    name = f"keyturn_notify_{uuid.uuid4().hex[:8]}"
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    from sqlalchemy.engine import make_url
-
-    db_url = make_url(url).set(database=name).render_as_string(hide_password=False)
-    try:
-        engine = create_engine(db_url, pool_size=1)
-        await upgrade(engine)
-        await engine.dispose()
+async def main_async(url: str, clients: int, seconds: float) -> dict[str, float]:
+    async with throwaway(url, prefix="keyturn_notify") as db_url:
+        await migrate(db_url)
         dsn = asyncpg_dsn(db_url)
-        conn = await asyncpg.connect(dsn)
+        conn = await admin_connect(db_url)
         sessions = [uuid.uuid4() for _ in range(SESSIONS)]
         await conn.executemany(
             "INSERT INTO sessions (id, default_history) VALUES ($1, 'FULL')",
@@ -125,24 +104,18 @@ async def main_async(url: str, clients: int, seconds: float) -> dict[str, Any]:
             rates[mode] = max(rate, rates.get(mode, 0.0)) if mode == "none" else rate
         await listener.stop()
         await conn.close()
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
     return rates
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--url", default=None, help="a PostgreSQL server (default: embedded)")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
-    url = args.url
-    if url is None:
-        from keyturn.db import embedded
-
-        url, _handle = embedded.start(Path(tempfile.mkdtemp(prefix="keyturn-notify-")))
-    rates = asyncio.run(main_async(url, args.clients, args.seconds))
+    with contextlib.ExitStack() as stack:
+        url: str = args.url or stack.enter_context(embedded_server(prefix="keyturn-notify-"))
+        rates = asyncio.run(main_async(url, args.clients, args.seconds))
     base = rates["none"]
     print(f"{'mode':<10}{'admissions/s':>14}{'vs none':>10}")
     for mode in ("none", "inside", "keyturn"):

@@ -1,3 +1,3 @@
-from keyturn.cli import main
+from keyturn.ops.cli import main
 
 main()

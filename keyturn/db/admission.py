@@ -8,22 +8,21 @@ reads the winner with a separate statement.
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
+import orjson
 
-from keyturn.db.engine import Statement
-from keyturn.db.rows import TURN_COLUMNS, as_row, turn_from_row
+from keyturn.db.engine import Conn
+from keyturn.db.records import TurnRecord, turn_from
+from keyturn.db.sql import Statement, append_event, columns, literal
 from keyturn.db.tables import Turn
+from keyturn.domain import EventType, History, TurnStatus
 
 _LOOKUP = Statement(
     f"""
-    SELECT s.default_history AS session_default_history,
-           {", ".join("t." + c.strip() + " AS t_" + c.strip() for c in TURN_COLUMNS.split(","))}
+    SELECT s.default_history AS session_default_history, {columns(Turn, alias="t", prefix="t_")}
     FROM sessions s
     LEFT JOIN turns t ON t.session_id = s.id AND t.idempotency_key = :key
     WHERE s.id = :session_id AND s.tenant = :tenant
@@ -42,27 +41,25 @@ _ADMIT = Statement(
     ), ins AS (
         INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history,
                            status, admit_seq)
-        SELECT :turn_id, s.id, :key, :fingerprint, :input, :history, 'QUEUED', s.event_seq + 1
+        SELECT :turn_id, s.id, :key, :fingerprint, :input, :history,
+               {literal(TurnStatus.QUEUED)}, s.event_seq + 1
         FROM s
         ON CONFLICT (session_id, idempotency_key) DO NOTHING
-        RETURNING {TURN_COLUMNS}
-    ), bump AS (
-        UPDATE sessions SET event_seq = ins.admit_seq
-        FROM ins WHERE sessions.id = ins.session_id
-        RETURNING sessions.event_seq
-    ), ev AS (
-        INSERT INTO events (session_id, turn_id, seq, type, data)
-        SELECT ins.session_id, ins.id, ins.admit_seq, 'turn.started',
-               CAST(:data AS jsonb) || jsonb_build_object('seq', ins.admit_seq)
-        FROM ins, bump
-        RETURNING seq
-    )
-    SELECT ins.*, ev.seq AS event_seq FROM ins, ev
+        RETURNING {columns(Turn)}
+    ), {
+        append_event(
+            "ins",
+            type=literal(EventType.TURN_STARTED),
+            data="CAST(:data AS jsonb) || jsonb_build_object('seq', ins.admit_seq)",
+            next_seq="ins.admit_seq",
+        )
+    }
+    SELECT ins.* FROM ins, ev
     """
 )
 
-_BY_KEY = text(
-    f"SELECT {TURN_COLUMNS} FROM turns WHERE session_id = :session_id AND idempotency_key = :key"
+_BY_KEY = Statement(
+    f"SELECT {columns(Turn)} FROM turns WHERE session_id = :session_id AND idempotency_key = :key"
 )
 
 
@@ -72,22 +69,20 @@ class AdmissionLookup:
     the key already name a turn in it."""
 
     session_found: bool
-    default_history: str | None
-    existing: Turn | None
+    default_history: History | None
+    existing: TurnRecord | None
 
 
-async def lookup(
-    conn: AsyncConnection, *, tenant: str, session_id: uuid.UUID, key: str
-) -> AdmissionLookup:
+async def lookup(conn: Conn, *, tenant: str, session_id: uuid.UUID, key: str) -> AdmissionLookup:
     row = await _LOOKUP.fetchrow(conn, tenant=tenant, session_id=session_id, key=key)
     if row is None:
         return AdmissionLookup(False, None, None)
-    existing = turn_from_row(as_row(row), "t_") if row["t_id"] is not None else None
-    return AdmissionLookup(True, row["session_default_history"], existing)
+    existing = turn_from(row, "t_") if row["t_id"] is not None else None
+    return AdmissionLookup(True, History(row["session_default_history"]), existing)
 
 
 async def insert_turn(
-    conn: AsyncConnection,
+    conn: Conn,
     *,
     tenant: str,
     turn_id: uuid.UUID,
@@ -95,9 +90,9 @@ async def insert_turn(
     key: str,
     fingerprint: str,
     input: str,
-    history: str,
+    history: History,
     data: dict[str, Any],
-) -> Turn | None:
+) -> TurnRecord | None:
     """The new turn, or None when another submission already owns the key
     (or the session vanished)."""
     row = await _ADMIT.fetchrow(
@@ -109,13 +104,11 @@ async def insert_turn(
         fingerprint=fingerprint,
         input=input,
         history=history,
-        data=json.dumps(data),
+        data=orjson.dumps(data).decode(),
     )
-    if row is None:
-        return None
-    return turn_from_row(as_row(row))
+    return turn_from(row) if row is not None else None
 
 
-async def turn_by_key(conn: AsyncConnection, *, session_id: uuid.UUID, key: str) -> Turn | None:
-    row = (await conn.execute(_BY_KEY, {"session_id": session_id, "key": key})).first()
-    return turn_from_row(row) if row is not None else None
+async def turn_by_key(conn: Conn, *, session_id: uuid.UUID, key: str) -> TurnRecord | None:
+    row = await _BY_KEY.fetchrow(conn, session_id=session_id, key=key)
+    return turn_from(row) if row is not None else None

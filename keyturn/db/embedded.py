@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("keyturn.db")
+log = logging.getLogger(__name__)
 
 
 def start(data_dir: Path, *, stop_at_exit: bool = True) -> tuple[str, Any]:

@@ -25,7 +25,11 @@ from typing import Any
 
 import asyncpg
 
-log = logging.getLogger("keyturn.listener")
+log = logging.getLogger(__name__)
+
+# What losing the dedicated connection can raise; anything else is a bug, for
+# the supervisor to log and restart.
+_CONNECTION_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 
 CHANNEL = "keyturn_events"
 # NOTIFY payloads must stay under 8000 bytes; a UUID and a comma are 37.
@@ -64,7 +68,6 @@ class Listener:
         self._lost = asyncio.Event()
         self._pending: set[str] = set()
         self._has_pending = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
         # One query at a time on the connection: the health check and the
         # sender would otherwise collide ("another operation is in progress").
         self._io = asyncio.Lock()
@@ -72,18 +75,12 @@ class Listener:
         self.reconnects = 0
 
     async def start(self) -> None:
+        """Open the connection and LISTEN. The two loops, :meth:`supervise` and
+        :meth:`send_forever`, are run by the process's supervisor."""
         await self._connect()
-        self._tasks = [
-            asyncio.create_task(self._supervise(), name="keyturn-listener"),
-            asyncio.create_task(self._send_loop(), name="keyturn-notifier"),
-        ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        """Close the connection (the loops were cancelled first)."""
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._conn.close(), 2)
@@ -123,7 +120,8 @@ class Listener:
             except ValueError:
                 log.warning("ignoring malformed wake-up payload")
 
-    async def _supervise(self) -> None:
+    async def supervise(self) -> None:
+        """Keep the connection: check it, and open it again when it is lost."""
         backoff = 0.1
         while True:
             try:
@@ -144,7 +142,7 @@ class Listener:
                 try:
                     await self._connect()
                     break
-                except (OSError, asyncpg.PostgresError, TimeoutError) as error:
+                except _CONNECTION_ERRORS as error:
                     log.warning("listener reconnect failed (%s); retrying", type(error).__name__)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
@@ -153,19 +151,27 @@ class Listener:
             log.info("listener reconnected; re-reading from every subscriber's cursor")
             self._on_reconnect()
 
-    async def _send_loop(self) -> None:
+    async def send_forever(self) -> None:
+        """Send the coalesced wake-ups, one NOTIFY per burst."""
         while True:
             await self._has_pending.wait()
             await self.connected.wait()
             self._has_pending.clear()
             ids, self._pending = self._pending, set()
             try:
-                async with self._io:
-                    for payload in _chunks(sorted(ids)):
-                        await self._conn.execute("SELECT pg_notify($1, $2)", CHANNEL, payload)
-            except Exception as error:  # the supervisor reconnects; keep the ids
+                await self._send(ids)
+            except _CONNECTION_ERRORS as error:  # supervise() reconnects; keep the ids
                 log.warning("sending wake-up failed (%s); will resend", type(error).__name__)
                 self._pending |= ids
                 self._has_pending.set()
                 self._lost.set()
                 await asyncio.sleep(0.05)
+            except BaseException:
+                self._pending |= ids  # kept for whoever runs this loop next
+                self._has_pending.set()
+                raise
+
+    async def _send(self, ids: set[str]) -> None:
+        async with self._io:
+            for payload in _chunks(sorted(ids)):
+                await self._conn.execute("SELECT pg_notify($1, $2)", CHANNEL, payload)

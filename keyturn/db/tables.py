@@ -6,9 +6,22 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Column, DateTime, Index, Text, UniqueConstraint, text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Index,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
+
+from keyturn.db.sql import literal, literals
+from keyturn.domain import ONCE_PER_CALL_EVENTS, EventType, TurnStatus
 
 # Names for constraints, so migrations and error mapping can refer to them.
 metadata = SQLModel.metadata
@@ -17,7 +30,12 @@ metadata.naming_convention = {
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
 }
+
+# The database refuses a status or an event type the code does not know.
+TURN_STATUS_CHECK = f"status IN ({literals(TurnStatus)})"
+EVENT_TYPE_CHECK = f"type IN ({literals(EventType)})"
 
 
 def _now_column(nullable: bool = False) -> Any:
@@ -67,14 +85,22 @@ class Turn(TurnBase, table=True):
             "ux_turns_one_running_per_session",
             "session_id",
             unique=True,
-            postgresql_where=text("status = 'RUNNING'"),
+            postgresql_where=text(f"status = {literal(TurnStatus.RUNNING)}"),
         ),
         # Where the claimers look for work.
         Index(
-            "ix_turns_queued", "session_id", "admit_seq", postgresql_where=text("status = 'QUEUED'")
+            "ix_turns_queued",
+            "session_id",
+            "admit_seq",
+            postgresql_where=text(f"status = {literal(TurnStatus.QUEUED)}"),
         ),
-        Index("ix_turns_running_lease", "lease_until", postgresql_where=text("status = 'RUNNING'")),
+        Index(
+            "ix_turns_running_lease",
+            "lease_until",
+            postgresql_where=text(f"status = {literal(TurnStatus.RUNNING)}"),
+        ),
         Index("ix_turns_session_admit", "session_id", "admit_seq", unique=True),
+        CheckConstraint(TURN_STATUS_CHECK, name="status_known"),
     )
 
     id: uuid.UUID = Field(primary_key=True)
@@ -114,8 +140,9 @@ class Event(SQLModel, table=True):
             "type",
             text("(data ->> 'index')"),
             unique=True,
-            postgresql_where=text("type IN ('tool.intent', 'tool.result', 'tool.reconciled')"),
+            postgresql_where=text(f"type IN ({literals(ONCE_PER_CALL_EVENTS)})"),
         ),
+        CheckConstraint(EVENT_TYPE_CHECK, name="type_known"),
     )
 
     id: int | None = Field(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from keyturn.runtime.service import Runtime
+from keyturn.runtime.process import Runtime
 
 
 @dataclass

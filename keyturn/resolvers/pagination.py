@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, TypeVar
 
-from keyturn.resolvers.errors import BadArgument
+from keyturn.errors import InvalidArgument
 
 MAX_FIRST = 100
 T = TypeVar("T")
@@ -24,9 +24,9 @@ class Page(Generic[T]):
 
 def check_first(first: int) -> int:
     if first < 0:
-        raise BadArgument("first must not be negative")
+        raise InvalidArgument("first must not be negative")
     if first > MAX_FIRST:
-        raise BadArgument(f"first must be at most {MAX_FIRST} (got {first})")
+        raise InvalidArgument(f"first must be at most {MAX_FIRST} (got {first})")
     return first
 
 
@@ -39,7 +39,7 @@ def _decode(cursor: str) -> str:
         padded = cursor + "=" * (-len(cursor) % 4)
         return base64.urlsafe_b64decode(padded.encode()).decode()
     except (ValueError, UnicodeError):
-        raise BadArgument("after is not a cursor this API gave out") from None
+        raise InvalidArgument("after is not a cursor this API gave out") from None
 
 
 def seq_cursor(kind: str, seq: int) -> str:
@@ -52,7 +52,7 @@ def decode_seq_cursor(kind: str, cursor: str | None) -> int:
     raw = _decode(cursor)
     prefix, _, value = raw.partition(":")
     if prefix != kind or not value.isdigit():
-        raise BadArgument("after is not a cursor this API gave out")
+        raise InvalidArgument("after is not a cursor this API gave out")
     return int(value)
 
 
@@ -71,4 +71,4 @@ def decode_session_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | No
             raise ValueError
         return datetime.fromisoformat(ts), uuid.UUID(sid)
     except ValueError:
-        raise BadArgument("after is not a cursor this API gave out") from None
+        raise InvalidArgument("after is not a cursor this API gave out") from None

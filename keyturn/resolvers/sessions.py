@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-from keyturn.db.rows import EventRecord
-from keyturn.db.tables import Session, Turn
+from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
+from keyturn.domain import History
+from keyturn.errors import InvalidArgument
 from keyturn.resolvers.context import Context
-from keyturn.resolvers.errors import BadArgument
-from keyturn.resolvers.failures import public_failures
 from keyturn.resolvers.pagination import (
     Page,
     check_first,
@@ -17,7 +16,6 @@ from keyturn.resolvers.pagination import (
     seq_cursor,
     session_cursor,
 )
-from keyturn.runtime.requests import History
 
 
 def parse_id(value: str) -> uuid.UUID | None:
@@ -28,24 +26,21 @@ def parse_id(value: str) -> uuid.UUID | None:
         return None
 
 
-async def create_session(ctx: Context, *, default_history: History) -> Session:
-    async with public_failures():
-        return await ctx.runtime.create_session(tenant=ctx.tenant, default_history=default_history)
+async def create_session(ctx: Context, *, default_history: History) -> SessionRecord:
+    return await ctx.runtime.create_session(tenant=ctx.tenant, default_history=default_history)
 
 
-async def get_session(ctx: Context, *, session_id: str) -> Session | None:
+async def get_session(ctx: Context, *, session_id: str) -> SessionRecord | None:
     sid = parse_id(session_id)
     if sid is None:
         return None
-    async with public_failures():
-        return await ctx.runtime.session(sid, tenant=ctx.tenant)
+    return await ctx.runtime.reads.session(sid, tenant=ctx.tenant)
 
 
-async def list_sessions(ctx: Context, *, first: int, after: str | None) -> Page[Session]:
+async def list_sessions(ctx: Context, *, first: int, after: str | None) -> Page[SessionRecord]:
     limit = check_first(first)
     cursor = decode_session_cursor(after)
-    async with public_failures():
-        rows, total = await ctx.runtime.sessions(tenant=ctx.tenant, after=cursor, limit=limit + 1)
+    rows, total = await ctx.runtime.reads.sessions(tenant=ctx.tenant, after=cursor, limit=limit + 1)
     items = rows[:limit]
     return Page(
         items, [session_cursor(s.created_at, s.id) for s in items], len(rows) > limit, total
@@ -54,11 +49,12 @@ async def list_sessions(ctx: Context, *, first: int, after: str | None) -> Page[
 
 async def session_turns(
     ctx: Context, *, session_id: uuid.UUID, first: int, after: str | None
-) -> Page[Turn]:
+) -> Page[TurnRecord]:
     limit = check_first(first)
     cursor = decode_seq_cursor("turn", after)
-    async with public_failures():
-        rows, total = await ctx.runtime.turns(session_id=session_id, after=cursor, limit=limit + 1)
+    rows, total = await ctx.runtime.reads.turns(
+        session_id=session_id, after=cursor, limit=limit + 1
+    )
     items = rows[:limit]
     return Page(items, [seq_cursor("turn", t.admit_seq) for t in items], len(rows) > limit, total)
 
@@ -68,8 +64,7 @@ async def session_events(
 ) -> Page[EventRecord]:
     limit = check_first(first)
     cursor = decode_seq_cursor("event", after)
-    async with public_failures():
-        rows = await ctx.runtime.events(session_id=session_id, after=cursor, limit=limit + 1)
+    rows = await ctx.runtime.reads.events(session_id=session_id, after=cursor, limit=limit + 1)
     items = rows[:limit]
     # seq is gapless, so the session's counter is its number of events.
     return Page(items, [seq_cursor("event", e.seq) for e in items], len(rows) > limit, event_count)
@@ -77,5 +72,5 @@ async def session_events(
 
 def check_after_seq(after_seq: int) -> int:
     if after_seq < 0:
-        raise BadArgument("afterSeq must not be negative")
+        raise InvalidArgument("afterSeq must not be negative")
     return after_seq

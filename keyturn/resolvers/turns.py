@@ -1,14 +1,14 @@
-"""Turns: submit (admission), look up, list a turn's events."""
+"""Turns: submit (admission), look up, a turn's events and its tool calls."""
 
 from __future__ import annotations
 
-from keyturn.db.rows import EventRecord
-from keyturn.db.tables import Turn
+from keyturn.db.records import EventRecord, TurnRecord
+from keyturn.domain import History
 from keyturn.resolvers.context import Context
-from keyturn.resolvers.failures import public_failures
 from keyturn.resolvers.sessions import parse_id
 from keyturn.runtime.admission import Admission
-from keyturn.runtime.requests import History, TurnRequest
+from keyturn.runtime.ledger import ToolCallView
+from keyturn.runtime.validation import TurnRequest
 
 
 async def submit_turn(
@@ -18,18 +18,20 @@ async def submit_turn(
     request = TurnRequest.parse(
         session_id=session_id, idempotency_key=idempotency_key, input=input, history=history
     )
-    async with public_failures():
-        return await ctx.runtime.submit(request, tenant=ctx.tenant)
+    return await ctx.runtime.submit(request, tenant=ctx.tenant)
 
 
-async def get_turn(ctx: Context, *, turn_id: str) -> Turn | None:
+async def get_turn(ctx: Context, *, turn_id: str) -> TurnRecord | None:
     tid = parse_id(turn_id)
     if tid is None:
         return None
-    async with public_failures():
-        return await ctx.runtime.turn(tid, tenant=ctx.tenant)
+    return await ctx.runtime.reads.turn(tid, tenant=ctx.tenant)
 
 
-async def turn_events(ctx: Context, *, turn: Turn) -> list[EventRecord]:
-    async with public_failures():
-        return await ctx.runtime.turn_events(turn.id)
+async def turn_events(ctx: Context, *, turn: TurnRecord) -> list[EventRecord]:
+    # ``turn`` was found under ctx.tenant.
+    return await ctx.runtime.reads.turn_events(turn.id)
+
+
+async def tool_calls(ctx: Context, *, turn: TurnRecord) -> list[ToolCallView]:
+    return await ctx.runtime.reads.tool_calls(turn.id)

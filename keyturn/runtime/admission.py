@@ -11,17 +11,18 @@ from enum import Enum
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from keyturn import logs, metrics
 from keyturn.db import admission as db
 from keyturn.db.engine import connect
-from keyturn.db.tables import Turn
+from keyturn.db.records import TurnRecord
+from keyturn.domain import History
 from keyturn.errors import DatabaseUnavailable, OutcomeUnknown
-from keyturn.runtime.requests import History, TurnRequest, fingerprint
+from keyturn.runtime.stats import NoStats, Stats
+from keyturn.runtime.validation import TurnRequest, fingerprint
 
-log = logging.getLogger("keyturn.admission")
+log = logging.getLogger(__name__)
 
 
-class Outcome(Enum):
+class AdmissionOutcome(Enum):
     ACCEPTED = "accepted"
     REPLAYED = "replayed"
     CONFLICT = "conflict"
@@ -30,32 +31,41 @@ class Outcome(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    outcome: Outcome
-    turn: Turn | None = None
+    outcome: AdmissionOutcome
+    turn: TurnRecord | None = None
 
 
-def _judge(existing: Turn, fp: str) -> Admission:
+def _judge(existing: TurnRecord, fp: str) -> Admission:
     if existing.fingerprint == fp:
-        return Admission(Outcome.REPLAYED, existing)
-    return Admission(Outcome.CONFLICT, existing)
+        return Admission(AdmissionOutcome.REPLAYED, existing)
+    return Admission(AdmissionOutcome.CONFLICT, existing)
 
 
-async def admit_turn(*, engine: AsyncEngine, request: TurnRequest, tenant: str = "") -> Admission:
-    """Admit ``request`` (see ``_admit``), counted and logged."""
+async def admit_turn(
+    *,
+    engine: AsyncEngine,
+    request: TurnRequest,
+    tenant: str = "",
+    stats: Stats | None = None,
+    log_inputs: bool = False,
+) -> Admission:
+    """Admit ``request`` (see ``_admit``), counted and logged. Inputs are the
+    users' words: logged only with ``log_inputs``."""
+    stats = stats or NoStats()
     started = time.perf_counter()
     extra: dict[str, object] = {
         "session_id": str(request.session_id),
         "idempotency_key": request.idempotency_key,
     }
-    if logs.LOG_INPUTS:
+    if log_inputs:
         extra["input"] = request.input
     try:
         admission = await _admit(engine=engine, request=request, tenant=tenant)
     except DatabaseUnavailable:
-        metrics.admitted("unavailable", time.perf_counter() - started)
+        stats.admitted("unavailable", time.perf_counter() - started)
         log.warning("admission unavailable", extra=extra)
         raise
-    metrics.admitted(admission.outcome.value, time.perf_counter() - started)
+    stats.admitted(admission.outcome.value, time.perf_counter() - started)
     if admission.turn is not None:
         extra["turn_id"] = str(admission.turn.id)
     log.info("admission %s", admission.outcome.value, extra=extra)
@@ -82,8 +92,8 @@ async def _admit(*, engine: AsyncEngine, request: TurnRequest, tenant: str) -> A
                 conn, tenant=tenant, session_id=request.session_id, key=request.idempotency_key
             )
             if not found.session_found:
-                return Admission(Outcome.SESSION_NOT_FOUND)
-            history = request.effective_history(History(found.default_history or History.FULL))
+                return Admission(AdmissionOutcome.SESSION_NOT_FOUND)
+            history = request.effective_history(found.default_history or History.FULL)
             fp = fingerprint(input=request.input, history=history)
             if found.existing is not None:
                 return _judge(found.existing, fp)
@@ -96,11 +106,11 @@ async def _admit(*, engine: AsyncEngine, request: TurnRequest, tenant: str) -> A
                 key=request.idempotency_key,
                 fingerprint=fp,
                 input=request.input,
-                history=history.value,
-                data={"idempotencyKey": request.idempotency_key, "history": history.value},
+                history=history,
+                data={"idempotencyKey": request.idempotency_key, "history": history},
             )
             if turn is not None:
-                return Admission(Outcome.ACCEPTED, turn)
+                return Admission(AdmissionOutcome.ACCEPTED, turn)
             winner = await db.turn_by_key(
                 conn, session_id=request.session_id, key=request.idempotency_key
             )
@@ -111,7 +121,7 @@ async def _admit(*, engine: AsyncEngine, request: TurnRequest, tenant: str) -> A
     if winner is None:
         # The statement inserted nothing and no turn holds the key: the
         # session itself must be gone.
-        return Admission(Outcome.SESSION_NOT_FOUND)
+        return Admission(AdmissionOutcome.SESSION_NOT_FOUND)
     return _judge(winner, fp)
 
 
@@ -132,5 +142,5 @@ async def _settle_unknown(
     if existing is None:
         raise OutcomeUnknown()
     if existing.id == turn_id:
-        return Admission(Outcome.ACCEPTED, existing)
+        return Admission(AdmissionOutcome.ACCEPTED, existing)
     return _judge(existing, fp)

@@ -22,8 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from keyturn.db import tokens
 from keyturn.db.engine import connect
 from keyturn.db.tokens import TokenInfo
+from keyturn.errors import DatabaseUnavailable
 
-log = logging.getLogger("keyturn.auth")
+log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "kt_"
 
@@ -69,17 +70,7 @@ class Authenticator:
         self._required: tuple[float, bool] | None = None
         self._cache: dict[str, tuple[float, str | None]] = {}
         self._live: dict[int, tuple[str, Closer]] = {}
-        self._task: asyncio.Task[None] | None = None
         self.closed_for_revocation = 0
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._watch(), name="keyturn-auth-watch")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def required(self) -> bool:
         now = time.monotonic()
@@ -113,18 +104,20 @@ class Authenticator:
     def unwatch(self, key: int) -> None:
         self._live.pop(key, None)
 
-    async def _watch(self) -> None:
+    async def watch_forever(self) -> None:
+        """Close live connections whose token was revoked (supervised)."""
         while True:
             await asyncio.sleep(self._recheck_s)
-            if not self._live:
-                continue
-            hashes = {h for h, _ in self._live.values()}
             try:
-                async with connect(self._engine) as conn:
-                    active = await tokens.still_active(conn, hashes=list(hashes))
-            except Exception:
-                log.warning("token re-check failed; will retry", exc_info=True)
-                continue
+                await self._recheck()
+            except DatabaseUnavailable:
+                log.warning("token re-check: database unavailable; will retry")
+
+    async def _recheck(self) -> None:
+        if self._live:
+            hashes = {h for h, _ in self._live.values()}
+            async with connect(self._engine) as conn:
+                active = await tokens.still_active(conn, hashes=list(hashes))
             for key, (digest, close) in list(self._live.items()):
                 if digest not in active:
                     self._live.pop(key, None)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import time
 import uuid
@@ -27,10 +26,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from keyturn.db import reads
 from keyturn.db.engine import connect
-from keyturn.db.rows import EventRecord
+from keyturn.db.records import EventRecord
 from keyturn.errors import DatabaseUnavailable
 
-log = logging.getLogger("keyturn.bus")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 CACHE_EVENTS = 512
@@ -98,21 +97,14 @@ class EventBus:
         self._engine = engine
         self._poll_s = poll_s
         self._channels: dict[uuid.UUID, _Channel] = {}
-        self._poller: asyncio.Task[None] | None = None
         # Set by the runtime: tells other processes (via NOTIFY) about news.
         self.broadcast: Callable[[uuid.UUID], None] | None = None
         self.shared = SharedReads()
         self.delivered = 0
 
     # -- lifecycle ---------------------------------------------------------
-    def start(self) -> None:
-        self._poller = asyncio.create_task(self._poll_loop(), name="keyturn-bus-poll")
-
-    async def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+    def stop(self) -> None:
+        """Wake every subscriber (their streams end as the server stops)."""
         for channel in self._channels.values():
             for sub in channel.subscribers:
                 sub.woken.set()
@@ -225,22 +217,20 @@ class EventBus:
             if len(events) == CACHE_EVENTS:
                 channel.stale = True  # more to read next time
 
-    async def _poll_loop(self) -> None:
-        """Safety net: finds news that no wake-up announced."""
+    async def poll_forever(self) -> None:
+        """Safety net (supervised): finds news that no wake-up announced."""
         while True:
             await asyncio.sleep(self._poll_s)
-            ids = [sid for sid, ch in self._channels.items() if ch.high is not None]
-            if not ids:
-                continue
             try:
-                async with connect(self._engine) as conn:
-                    seqs = await reads.session_seqs(conn, session_ids=ids)
+                await self._poll_once()
             except DatabaseUnavailable:
                 log.warning("subscription poll: database unavailable")
-                continue
-            except Exception:
-                log.exception("subscription poll failed")
-                continue
+
+    async def _poll_once(self) -> None:
+        ids = [sid for sid, ch in self._channels.items() if ch.high is not None]
+        if ids:
+            async with connect(self._engine) as conn:
+                seqs = await reads.session_seqs(conn, session_ids=ids)
             for sid, seq in seqs.items():
                 channel = self._channels.get(sid)
                 if channel is not None and channel.high is not None and seq > channel.high:

@@ -19,7 +19,7 @@ import signal
 
 POINTS = ("before_intent", "after_intent", "after_write", "after_result")
 
-log = logging.getLogger("keyturn.crash")
+log = logging.getLogger(__name__)
 
 
 class CrashHook:

@@ -24,18 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from keyturn.errors import KeyturnError
+from keyturn.domain import TurnStatus
+from keyturn.errors import ModelError
 
 
 @dataclass(frozen=True, slots=True)
 class PastTurn:
     input: str
     output: str | None
-    status: str  # COMPLETED or INTERRUPTED
-
-
-class ModelError(KeyturnError):
-    """The model could not produce a reply."""
+    status: TurnStatus  # COMPLETED or INTERRUPTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +124,7 @@ class FixtureModel:
         if history:
             lines.append(f"history: {len(history)} earlier turn(s), digest {_digest(history)}")
             for n, past in enumerate(history, 1):
-                mark = "" if past.status == "COMPLETED" else f" [{past.status.lower()}]"
+                mark = "" if past.status is TurnStatus.COMPLETED else f" [{past.status.lower()}]"
                 lines.append(f"  {n}. {past.input}{mark}")
         else:
             lines.append("history: none")

@@ -7,22 +7,17 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass
-from enum import Enum, StrEnum
+from enum import Enum
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from keyturn.db import reads
 from keyturn.db import resolutions as db
-from keyturn.db.engine import connect
-from keyturn.db.tables import Resolution, Turn
-from keyturn.runtime.ledger import ToolCallState, ToolCallView, tool_calls
-from keyturn.runtime.requests import check_key, parse_uuid
-from keyturn.runtime.tools import ToolKind
-
-
-class ResolutionAction(StrEnum):
-    RETRY = "RETRY"
-    ABANDON = "ABANDON"
+from keyturn.db.engine import Conn, connect
+from keyturn.db.records import ResolutionRecord, TurnRecord
+from keyturn.domain import ResolutionAction, TurnStatus
+from keyturn.runtime.ledger import ToolCallView, tool_calls, unsafe_unknown
+from keyturn.runtime.validation import check_key, parse_uuid
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,14 +37,14 @@ class ResolutionRequest:
 
     def fingerprint(self) -> str:
         digest = hashlib.sha256()
-        for part in ("keyturn/resolution/v1", self.action.value, str(self.turn_id)):
+        for part in ("keyturn/resolution/v1", self.action, str(self.turn_id)):
             digest.update(part.encode())
             digest.update(b"\x00")
         digest.update(b"1" if self.force else b"0")
         return digest.hexdigest()
 
 
-class Outcome(Enum):
+class ResolutionOutcome(Enum):
     ACCEPTED = "accepted"
     REPLAYED = "replayed"
     CONFLICT = "conflict"  # the key names a different request (or a submitted turn)
@@ -61,20 +56,12 @@ class Outcome(Enum):
 
 @dataclass(frozen=True, slots=True)
 class ResolutionResult:
-    outcome: Outcome
-    turn: Turn | None = None  # the interrupted turn
-    resolution: Resolution | None = None
-    retry: Turn | None = None  # RETRY: the new turn
+    outcome: ResolutionOutcome
+    turn: TurnRecord | None = None  # the interrupted turn
+    resolution: ResolutionRecord | None = None
+    retry: TurnRecord | None = None  # RETRY: the new turn
     conflicting_turn_id: uuid.UUID | None = None
     unsafe_call: ToolCallView | None = None
-
-
-def unsafe_unknown(calls: list[ToolCallView]) -> ToolCallView | None:
-    """The first call a retry must not repeat without being told to."""
-    for call in calls:
-        if call.state is ToolCallState.OUTCOME_UNKNOWN and call.kind is ToolKind.UNSAFE:
-            return call
-    return None
 
 
 async def resolve(
@@ -86,14 +73,14 @@ async def resolve(
             conn, tenant=tenant, turn_id=request.turn_id, key=request.idempotency_key
         )
         if found is None:
-            return ResolutionResult(Outcome.TURN_NOT_FOUND)
+            return ResolutionResult(ResolutionOutcome.TURN_NOT_FOUND)
         if found.by_key is not None or found.key_turn_id is not None:
             return await _judge(conn, found.turn, found.by_key, found.key_turn_id, fp)
-        if found.turn.status != "INTERRUPTED":
-            return ResolutionResult(Outcome.NOT_INTERRUPTED, found.turn)
+        if found.turn.status is not TurnStatus.INTERRUPTED:
+            return ResolutionResult(ResolutionOutcome.NOT_INTERRUPTED, found.turn)
         if found.of_turn is not None:
             return ResolutionResult(
-                Outcome.ALREADY_RESOLVED,
+                ResolutionOutcome.ALREADY_RESOLVED,
                 found.turn,
                 found.of_turn,
                 await _retry(conn, found.of_turn),
@@ -104,54 +91,58 @@ async def resolve(
             calls = tool_calls(await reads.turn_events(conn, turn_id=found.turn.id))
             unsafe = unsafe_unknown(calls)
             if unsafe is not None:
-                return ResolutionResult(Outcome.UNSAFE_REFUSED, found.turn, unsafe_call=unsafe)
+                return ResolutionResult(
+                    ResolutionOutcome.UNSAFE_REFUSED, found.turn, unsafe_call=unsafe
+                )
         resolution = await db.resolve(
             conn,
             tenant=tenant,
             turn_id=request.turn_id,
             key=request.idempotency_key,
             fingerprint=fp,
-            action=request.action.value,
+            action=request.action,
             force=request.force,
             new_turn_id=uuid.uuid4() if request.action is ResolutionAction.RETRY else None,
         )
         if resolution is not None:
             turn = await db.turn(conn, turn_id=request.turn_id)
             return ResolutionResult(
-                Outcome.ACCEPTED, turn, resolution, await _retry(conn, resolution)
+                ResolutionOutcome.ACCEPTED, turn, resolution, await _retry(conn, resolution)
             )
         # Lost a race: read what won, on the same terms as above.
         again = await db.lookup(
             conn, tenant=tenant, turn_id=request.turn_id, key=request.idempotency_key
         )
         if again is None:
-            return ResolutionResult(Outcome.TURN_NOT_FOUND)
+            return ResolutionResult(ResolutionOutcome.TURN_NOT_FOUND)
         if again.by_key is not None or again.key_turn_id is not None:
             return await _judge(conn, again.turn, again.by_key, again.key_turn_id, fp)
         if again.of_turn is not None:
             return ResolutionResult(
-                Outcome.ALREADY_RESOLVED,
+                ResolutionOutcome.ALREADY_RESOLVED,
                 again.turn,
                 again.of_turn,
                 await _retry(conn, again.of_turn),
             )
-        return ResolutionResult(Outcome.NOT_INTERRUPTED, again.turn)
+        return ResolutionResult(ResolutionOutcome.NOT_INTERRUPTED, again.turn)
 
 
-async def _retry(conn: AsyncConnection, resolution: Resolution) -> Turn | None:
+async def _retry(conn: Conn, resolution: ResolutionRecord) -> TurnRecord | None:
     if resolution.new_turn_id is None:
         return None
     return await db.turn(conn, turn_id=resolution.new_turn_id)
 
 
 async def _judge(
-    conn: AsyncConnection,
-    turn: Turn,
-    by_key: Resolution | None,
+    conn: Conn,
+    turn: TurnRecord,
+    by_key: ResolutionRecord | None,
     key_turn_id: uuid.UUID | None,
     fp: str,
 ) -> ResolutionResult:
     if by_key is not None and by_key.fingerprint == fp:
-        return ResolutionResult(Outcome.REPLAYED, turn, by_key, await _retry(conn, by_key))
+        return ResolutionResult(
+            ResolutionOutcome.REPLAYED, turn, by_key, await _retry(conn, by_key)
+        )
     existing = (by_key.new_turn_id or by_key.turn_id) if by_key is not None else key_turn_id
-    return ResolutionResult(Outcome.CONFLICT, turn, by_key, conflicting_turn_id=existing)
+    return ResolutionResult(ResolutionOutcome.CONFLICT, turn, by_key, conflicting_turn_id=existing)

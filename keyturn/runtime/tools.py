@@ -12,24 +12,14 @@ the store and the ledger can be observed.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from keyturn.db import store
+from keyturn.db import synthetic_store as store
 from keyturn.db.engine import connect
-from keyturn.errors import KeyturnError
-
-
-class ToolKind(StrEnum):
-    READ_ONLY = "READ_ONLY"
-    IDEMPOTENT = "IDEMPOTENT"
-    UNSAFE = "UNSAFE"
-
-
-class ToolError(KeyturnError):
-    """The tool could not do what was asked."""
+from keyturn.domain import ToolKind
+from keyturn.errors import ToolError
 
 
 class Tool(Protocol):

@@ -20,18 +20,24 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from keyturn.db import work
+from keyturn.db import leases
 from keyturn.db.engine import connect
-from keyturn.db.tables import Turn
-from keyturn.errors import DatabaseUnavailable, StaleLease
+from keyturn.db.records import TurnRecord
+from keyturn.domain import EventType, History, TurnStatus
+from keyturn.errors import DatabaseUnavailable, ModelError, StaleLease, ToolOutcomeUnknown
 from keyturn.runtime.bus import EventBus
 from keyturn.runtime.crash import CrashHook
-from keyturn.runtime.ledger import ToolOutcomeUnknown, ToolRunner
-from keyturn.runtime.model import Model, ModelError, PastTurn
-from keyturn.runtime.requests import History
+from keyturn.runtime.model import Model, PastTurn
+from keyturn.runtime.tool_runner import ToolRunner
 from keyturn.runtime.tools import Tools
 
-log = logging.getLogger("keyturn.worker")
+log = logging.getLogger(__name__)
+
+
+_END_EVENT = {
+    TurnStatus.COMPLETED: EventType.TURN_COMPLETED,
+    TurnStatus.FAILED: EventType.TURN_FAILED,
+}
 
 
 def new_owner_id() -> str:
@@ -40,7 +46,7 @@ def new_owner_id() -> str:
 
 @dataclass
 class _Running:
-    turn: Turn
+    turn: TurnRecord
     task: asyncio.Task[None] | None = None
     lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -85,16 +91,12 @@ class Worker:
         self._running: dict[uuid.UUID, _Running] = {}
         self._wake = asyncio.Event()
         self._stopping = False
-        self._loop_task: asyncio.Task[None] | None = None
         self.claimed = 0
         self.interrupted = 0
 
     @property
     def running_count(self) -> int:
         return len(self._running)
-
-    def start(self) -> None:
-        self._loop_task = asyncio.create_task(self._loop(), name="keyturn-worker")
 
     def wake(self) -> None:
         self._wake.set()
@@ -105,14 +107,11 @@ class Worker:
         self._wake.set()
 
     async def stop(self) -> None:
-        """Stop claiming; let running turns finish within the grace period; hand
-        the rest back to the queue for another process."""
+        """Let running turns finish within the grace period; hand the rest back
+        to the queue for another process. The claim loop is stopped first, by
+        its supervisor."""
         self._stopping = True
         self._wake.set()
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
         tasks = [r.task for r in self._running.values() if r.task is not None]
         if tasks:
             log.info(
@@ -127,7 +126,9 @@ class Worker:
                 await asyncio.wait(pending, timeout=10)
 
     # -- the loop --------------------------------------------------------
-    async def _loop(self) -> None:
+    async def run(self) -> None:
+        """The claim loop (supervised): sweep expired leases, claim what is
+        free, sleep until woken or the poll interval passes."""
         loop = asyncio.get_running_loop()
         next_sweep = 0.0
         while not self._stopping:
@@ -138,15 +139,13 @@ class Worker:
                 await self._claim()
             except DatabaseUnavailable:
                 log.warning("worker: database unavailable; retrying")
-            except Exception:
-                log.exception("worker loop error")
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.claim_poll_s)
 
     async def _sweep(self) -> None:
         async with connect(self.engine) as conn:
-            turns = await work.interrupt_expired(conn, by=self.owner)
+            turns = await leases.interrupt_expired(conn, by=self.owner)
         for turn in turns:
             self.interrupted += 1
             log.warning(
@@ -171,20 +170,14 @@ class Worker:
             free = self.settings.max_running - len(self._running)
             if free <= 0:
                 return
-            try:
-                async with connect(self.engine) as conn:
-                    turns = await work.claim(
-                        conn, owner=self.owner, ttl_s=self.settings.lease_ttl_s, limit=free
-                    )
-            except DatabaseUnavailable:
-                raise
-            except Exception as error:
-                # Two claimers raced past the checks; the unique index on
-                # RUNNING turns refused one. Try again on the next round.
-                if "ux_turns_one_running_per_session" in str(error):
-                    log.info("claim lost a race on a session; retrying")
-                    continue
-                raise
+            async with connect(self.engine) as conn:
+                claim = await leases.claim(
+                    conn, owner=self.owner, ttl_s=self.settings.lease_ttl_s, limit=free
+                )
+            if claim.lost_race:
+                log.info("claim lost a race on a session; retrying")
+                continue
+            turns = claim.turns
             if not turns:
                 return
             for turn in turns:
@@ -221,14 +214,14 @@ class Worker:
                 log.warning("turn %s: %s; leaving it to its lease", turn.id, error)
                 return
             except ModelError as error:
-                await self._finish(turn, "FAILED", "turn.failed", None, str(error))
+                await self._finish(turn, TurnStatus.FAILED, str(error))
             except Exception:
                 log.exception("turn %s: model raised", turn.id)
                 await self._finish(
-                    turn, "FAILED", "turn.failed", None, "internal error while producing the reply"
+                    turn, TurnStatus.FAILED, "internal error while producing the reply"
                 )
             else:
-                await self._finish(turn, "COMPLETED", "turn.completed", output, None)
+                await self._finish(turn, TurnStatus.COMPLETED, output)
         except asyncio.CancelledError:
             # Shutdown past the grace period: hand the turn back to the queue.
             await asyncio.shield(self._release(turn))
@@ -238,14 +231,14 @@ class Worker:
             self._running.pop(turn.id, None)
             self._wake.set()
 
-    async def _reply(self, turn: Turn) -> str:
+    async def _reply(self, turn: TurnRecord) -> str:
         past: list[PastTurn] = []
-        while turn.history == History.FULL.value:
+        while turn.history is History.FULL:
             # A database outage here is no reason to fail the turn: retry
             # while the lease holds (a lost lease cancels this task).
             try:
                 async with connect(self.engine) as conn:
-                    rows = await work.history(
+                    rows = await leases.history(
                         conn, session_id=turn.session_id, admit_seq=turn.admit_seq
                     )
             except DatabaseUnavailable:
@@ -262,7 +255,7 @@ class Worker:
             await asyncio.sleep(self.settings.lease_renew_s)
             try:
                 async with connect(self.engine) as conn:
-                    ok = await work.renew(
+                    ok = await leases.renew(
                         conn, turn_id=turn.id, epoch=turn.epoch, ttl_s=self.settings.lease_ttl_s
                     )
             except DatabaseUnavailable:
@@ -272,9 +265,10 @@ class Worker:
                 running.lease_lost.set()
                 return
 
-    async def _finish(
-        self, turn: Turn, status: str, event_type: str, output: str | None, error: str | None
-    ) -> None:
+    async def _finish(self, turn: TurnRecord, status: TurnStatus, text: str) -> None:
+        """COMPLETED with ``text`` as the output, or FAILED with it as the error."""
+        event_type = _END_EVENT[status]
+        output, error = (text, None) if status is TurnStatus.COMPLETED else (None, text)
         data: dict[str, object] = {"status": status, "epoch": turn.epoch}
         if output is not None:
             data["output"] = output
@@ -285,7 +279,7 @@ class Worker:
         while True:
             try:
                 async with connect(self.engine) as conn:
-                    done = await work.finish(
+                    done = await leases.finish(
                         conn,
                         turn_id=turn.id,
                         epoch=turn.epoch,
@@ -296,7 +290,7 @@ class Worker:
                         data=data,
                     )
                     if done is None:
-                        await work.record_refused_write(
+                        await leases.record_refused_write(
                             conn,
                             turn_id=turn.id,
                             epoch=turn.epoch,
@@ -319,10 +313,10 @@ class Worker:
                 await asyncio.sleep(0.5)
         self.bus.committed(turn.session_id)
 
-    async def _release(self, turn: Turn) -> None:
+    async def _release(self, turn: TurnRecord) -> None:
         try:
             async with connect(self.engine) as conn:
-                released = await work.release(
+                released = await leases.release(
                     conn, turn_id=turn.id, epoch=turn.epoch, owner=self.owner
                 )
         except DatabaseUnavailable:

@@ -1,4 +1,5 @@
-"""Enums of the contract."""
+"""The enums of the contract: Keyturn's own vocabulary (keyturn.domain),
+registered as it is, and the codes of the expected errors."""
 
 from __future__ import annotations
 
@@ -6,20 +7,19 @@ from enum import Enum
 
 import strawberry
 
+from keyturn.domain import History, ResolutionAction, ToolCallState, ToolKind, TurnStatus
 
-@strawberry.enum(description="Which earlier turns the model sees.")
-class HistoryMode(Enum):
-    FULL = "FULL"  # the session's earlier completed (and interrupted) turns
-    NONE = "NONE"  # only this turn's own input
-
-
-@strawberry.enum
-class TurnStatus(Enum):
-    QUEUED = "QUEUED"
-    RUNNING = "RUNNING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    INTERRUPTED = "INTERRUPTED"
+# Registered, not mirrored: a value added to the domain is in the schema (and
+# the committed SDL snapshot's drift test says so).
+strawberry.enum(History, name="HistoryMode", description="Which earlier turns the model sees.")
+strawberry.enum(TurnStatus, name="TurnStatus")
+strawberry.enum(ToolKind, name="ToolKind", description="What running a tool call again would do.")
+strawberry.enum(
+    ToolCallState,
+    name="ToolCallState",
+    description="What the tool ledger establishes about one call.",
+)
+strawberry.enum(ResolutionAction, name="ResolutionAction")
 
 
 @strawberry.enum
@@ -33,23 +33,4 @@ class ErrorCode(Enum):
     UNSAFE_RETRY_REFUSED = "UNSAFE_RETRY_REFUSED"
 
 
-@strawberry.enum(description="What running a tool call again would do.")
-class ToolKind(Enum):
-    READ_ONLY = "READ_ONLY"  # changes nothing
-    IDEMPOTENT = "IDEMPOTENT"  # applies its effect key at most once; can be asked about it
-    UNSAFE = "UNSAFE"  # may change something every time it runs
-
-
-@strawberry.enum(description="What the tool ledger establishes about one call.")
-class ToolCallState(Enum):
-    NOT_STARTED = "NOT_STARTED"  # planned, no intent recorded: the tool did not run
-    COMPLETED = "COMPLETED"  # intent and result recorded
-    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # intent without result: it may or may not have run
-    RECONCILED_APPLIED = "RECONCILED_APPLIED"  # unknown, then the tool said: applied
-    RECONCILED_NOT_APPLIED = "RECONCILED_NOT_APPLIED"  # unknown, then the tool said: never
-
-
-@strawberry.enum
-class ResolutionAction(Enum):
-    RETRY = "RETRY"  # a new turn, reusing what the interrupted one established
-    ABANDON = "ABANDON"  # record turn.abandoned; nothing runs
+__all__ = ["ErrorCode", "History", "ResolutionAction", "ToolCallState", "ToolKind", "TurnStatus"]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import strawberry
 
-from keyturn.schema.enums import HistoryMode
+from keyturn.schema.enums import History
 
 
 @strawberry.input
 class CreateSessionInput:
-    default_history: HistoryMode | None = HistoryMode.FULL
+    default_history: History | None = History.FULL
 
 
 @strawberry.input
@@ -20,6 +20,6 @@ class SubmitTurnInput:
         "retry; use a new key for a new turn."
     )
     input: str
-    history: HistoryMode | None = strawberry.field(
+    history: History | None = strawberry.field(
         default=None, description="Omitted: the session's defaultHistory."
     )

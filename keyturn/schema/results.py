@@ -6,7 +6,7 @@ from typing import Annotated
 
 import strawberry
 
-from keyturn.runtime.admission import Admission, Outcome
+from keyturn.runtime.admission import Admission, AdmissionOutcome
 from keyturn.schema.enums import ErrorCode
 from keyturn.schema.types import Turn
 
@@ -59,11 +59,11 @@ SubmitTurnResult = Annotated[
 
 def from_admission(admission: Admission, *, session_id: str, key: str) -> SubmitTurnResult:
     turn = admission.turn
-    if admission.outcome is Outcome.ACCEPTED and turn is not None:
-        return TurnAccepted(turn=Turn.from_model(turn), replayed=False)
-    if admission.outcome is Outcome.REPLAYED and turn is not None:
-        return TurnReplayed(turn=Turn.from_model(turn), replayed=True)
-    if admission.outcome is Outcome.CONFLICT and turn is not None:
+    if admission.outcome is AdmissionOutcome.ACCEPTED and turn is not None:
+        return TurnAccepted(turn=Turn.from_record(turn), replayed=False)
+    if admission.outcome is AdmissionOutcome.REPLAYED and turn is not None:
+        return TurnReplayed(turn=Turn.from_record(turn), replayed=True)
+    if admission.outcome is AdmissionOutcome.CONFLICT and turn is not None:
         return IdempotencyConflict(
             code=ErrorCode.IDEMPOTENCY_CONFLICT,
             message=(
@@ -78,7 +78,3 @@ def from_admission(admission: Admission, *, session_id: str, key: str) -> Submit
         message=f"session {session_id} not found",
         session_id=strawberry.ID(session_id),
     )
-
-
-def invalid_input(field: str, message: str) -> InvalidInput:
-    return InvalidInput(code=ErrorCode.INVALID_INPUT, message=message, field=field)

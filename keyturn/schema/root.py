@@ -1,4 +1,8 @@
-"""Root types. Each field only delegates to a resolver and wraps the result."""
+"""Root types. Each field only delegates to a resolver and wraps the result.
+
+No field catches an error: :mod:`keyturn.schema.errors` decides what a client
+sees, and turns an invalid request into the ``InvalidInput`` union member.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +10,17 @@ from collections.abc import AsyncGenerator
 
 import strawberry
 
-from keyturn.resolvers import ledger, sessions, streams, turns
-from keyturn.runtime.requests import History, InvalidRequest
-from keyturn.runtime.resolution import ResolutionAction as Action
+from keyturn.resolvers import resolutions, sessions, streams, turns
 from keyturn.schema.context import Info
-from keyturn.schema.enums import HistoryMode
+from keyturn.schema.enums import History
+from keyturn.schema.errors import answers_invalid_input
 from keyturn.schema.inputs import CreateSessionInput, SubmitTurnInput
-from keyturn.schema.ledger import (
+from keyturn.schema.resolution import (
     ResolveInterruptedTurnInput,
     ResolveInterruptedTurnResult,
     from_resolution,
 )
-from keyturn.schema.results import SubmitTurnResult, from_admission, invalid_input
+from keyturn.schema.results import SubmitTurnResult, from_admission
 from keyturn.schema.types import Event, Session, SessionConnection, Turn
 
 
@@ -26,7 +29,7 @@ class Query:
     @strawberry.field
     async def session(self, info: Info, id: strawberry.ID) -> Session | None:
         found = await sessions.get_session(info.context, session_id=id)
-        return Session.from_model(found) if found is not None else None
+        return Session.from_record(found) if found is not None else None
 
     @strawberry.field
     async def sessions(
@@ -40,30 +43,28 @@ class Query:
     @strawberry.field
     async def turn(self, info: Info, id: strawberry.ID) -> Turn | None:
         found = await turns.get_turn(info.context, turn_id=id)
-        return Turn.from_model(found) if found is not None else None
+        return Turn.from_record(found) if found is not None else None
 
 
 @strawberry.type
 class Mutation:
     @strawberry.mutation
     async def create_session(self, info: Info, input: CreateSessionInput | None = None) -> Session:
-        default = (input or CreateSessionInput()).default_history or HistoryMode.FULL
-        return Session.from_model(
-            await sessions.create_session(info.context, default_history=History(default.value))
+        default = (input or CreateSessionInput()).default_history or History.FULL
+        return Session.from_record(
+            await sessions.create_session(info.context, default_history=default)
         )
 
     @strawberry.mutation
+    @answers_invalid_input
     async def submit_turn(self, info: Info, input: SubmitTurnInput) -> SubmitTurnResult:
-        try:
-            admission = await turns.submit_turn(
-                info.context,
-                session_id=str(input.session_id),
-                idempotency_key=input.idempotency_key,
-                input=input.input,
-                history=History(input.history.value) if input.history else None,
-            )
-        except InvalidRequest as error:
-            return invalid_input(error.field, str(error))
+        admission = await turns.submit_turn(
+            info.context,
+            session_id=str(input.session_id),
+            idempotency_key=input.idempotency_key,
+            input=input.input,
+            history=input.history,
+        )
         return from_admission(
             admission, session_id=str(input.session_id), key=input.idempotency_key
         )
@@ -72,19 +73,17 @@ class Mutation:
         description="Decide what happens to an INTERRUPTED turn: RETRY it (a new turn that "
         "reuses completed and reconciled tool results) or ABANDON it. Idempotent under its key."
     )
+    @answers_invalid_input
     async def resolve_interrupted_turn(
         self, info: Info, input: ResolveInterruptedTurnInput
     ) -> ResolveInterruptedTurnResult:
-        try:
-            result = await ledger.resolve_interrupted_turn(
-                info.context,
-                turn_id=str(input.turn_id),
-                action=Action(input.action.value),
-                idempotency_key=input.idempotency_key,
-                force=input.force,
-            )
-        except InvalidRequest as error:
-            return invalid_input(error.field, str(error))
+        result = await resolutions.resolve_interrupted_turn(
+            info.context,
+            turn_id=str(input.turn_id),
+            action=input.action,
+            idempotency_key=input.idempotency_key,
+            force=input.force,
+        )
         return from_resolution(
             result, turn_id=str(input.turn_id), key=input.idempotency_key, action=input.action
         )
@@ -97,7 +96,7 @@ class Subscription:
     )
     async def turn_completed(self, info: Info, turn_id: strawberry.ID) -> AsyncGenerator[Turn]:
         async for turn in streams.turn_completed(info.context, turn_id=turn_id):
-            yield Turn.from_model(turn)
+            yield Turn.from_record(turn)
 
     @strawberry.subscription(  # type: ignore[untyped-decorator]
         description="Every event with seq > afterSeq, from the record, then live; in seq "
@@ -109,4 +108,4 @@ class Subscription:
         async for event in streams.session_events(
             info.context, session_id=session_id, after_seq=after_seq or 0
         ):
-            yield Event.from_model(event)
+            yield Event.from_record(event)

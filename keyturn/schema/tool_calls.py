@@ -33,8 +33,8 @@ class ToolCall:
             tool=v.tool,
             arguments=cast(JSON, v.arguments),
             effect_key=v.effect_key,
-            kind=ToolKind(v.kind.value),
-            state=ToolCallState(v.state.value),
+            kind=v.kind,
+            state=v.state,
             result=cast(JSON, v.result) if v.result is not None else None,
             reused_from=strawberry.ID(v.reused_from) if v.reused_from else None,
         )

@@ -9,13 +9,13 @@ from typing import Any, TypeVar, cast
 import strawberry
 from strawberry.scalars import JSON
 
-from keyturn.db import rows, tables
-from keyturn.resolvers import ledger as ledger_resolvers
+from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
+from keyturn.domain import EventType
 from keyturn.resolvers import sessions as session_resolvers
 from keyturn.resolvers import turns as turn_resolvers
 from keyturn.resolvers.pagination import Page
 from keyturn.schema.context import Info
-from keyturn.schema.enums import HistoryMode, TurnStatus
+from keyturn.schema.enums import History, TurnStatus
 from keyturn.schema.tool_calls import ToolCall
 
 
@@ -44,16 +44,14 @@ class Event:
     session_id: strawberry.ID
     turn_id: strawberry.ID | None
     seq: int = strawberry.field(description="Per session: 1, 2, 3 … gapless, commit-ordered.")
-    type: str = strawberry.field(
-        description="turn.started, turn.running, turn.completed, turn.failed, "
-        "turn.interrupted, turn.released, turn.write_refused, turn.retried, turn.abandoned, "
-        "tool.planned, tool.intent, tool.result, tool.reconciled"
-    )
+    # A string, not an enum: GraphQL enum values cannot hold the dots clients
+    # already match on, and the list grows (see the README).
+    type: str = strawberry.field(description=", ".join(EventType))
     data: JSON
     created_at: datetime
 
     @classmethod
-    def from_model(cls, e: rows.EventRecord) -> Event:
+    def from_record(cls, e: EventRecord) -> Event:
         return cls(
             id=strawberry.ID(str(e.id)),
             session_id=strawberry.ID(str(e.session_id)),
@@ -78,8 +76,8 @@ class EventConnection:
     total_count: int
 
     @classmethod
-    def from_page(cls, page: Page[rows.EventRecord]) -> EventConnection:
-        edges = [EventEdge(cursor=c, node=Event.from_model(x)) for c, x in _pairs(page)]
+    def from_page(cls, page: Page[EventRecord]) -> EventConnection:
+        edges = [EventEdge(cursor=c, node=Event.from_record(x)) for c, x in _pairs(page)]
         return cls(edges=edges, page_info=_page_info(page), total_count=page.total)
 
 
@@ -89,7 +87,7 @@ class Turn:
     session_id: strawberry.ID
     idempotency_key: str
     input: str
-    history: HistoryMode = strawberry.field(description="The effective setting.")
+    history: History = strawberry.field(description="The effective setting.")
     status: TurnStatus
     output: str | None
     error: str | None
@@ -103,17 +101,17 @@ class Turn:
     retry_of: strawberry.ID | None = strawberry.field(
         description="The interrupted turn this one retries (resolveInterruptedTurn RETRY)."
     )
-    _model: strawberry.Private[tables.Turn]
+    _record: strawberry.Private[TurnRecord]
 
     @classmethod
-    def from_model(cls, t: tables.Turn) -> Turn:
+    def from_record(cls, t: TurnRecord) -> Turn:
         return cls(
             id=strawberry.ID(str(t.id)),
             session_id=strawberry.ID(str(t.session_id)),
             idempotency_key=t.idempotency_key,
             input=t.input,
-            history=HistoryMode(t.history),
-            status=TurnStatus(t.status),
+            history=t.history,
+            status=t.status,
             output=t.output,
             error=t.error,
             created_at=t.created_at,
@@ -122,19 +120,19 @@ class Turn:
             epoch=t.epoch,
             owner=t.owner,
             retry_of=strawberry.ID(str(t.retry_of)) if t.retry_of is not None else None,
-            _model=t,
+            _record=t,
         )
 
     @strawberry.field
     async def events(self, info: Info) -> list[Event]:
-        rows = await turn_resolvers.turn_events(info.context, turn=self._model)
-        return [Event.from_model(e) for e in rows]
+        rows = await turn_resolvers.turn_events(info.context, turn=self._record)
+        return [Event.from_record(e) for e in rows]
 
     @strawberry.field(  # type: ignore[untyped-decorator]
         description="The turn's tool calls, by index, as the tool ledger establishes them."
     )
     async def tool_calls(self, info: Info) -> list[ToolCall]:
-        views = await ledger_resolvers.tool_calls(info.context, turn=self._model)
+        views = await turn_resolvers.tool_calls(info.context, turn=self._record)
         return [ToolCall.from_view(v) for v in views]
 
 
@@ -151,8 +149,8 @@ class TurnConnection:
     total_count: int
 
     @classmethod
-    def from_page(cls, page: Page[tables.Turn]) -> TurnConnection:
-        edges = [TurnEdge(cursor=c, node=Turn.from_model(x)) for c, x in _pairs(page)]
+    def from_page(cls, page: Page[TurnRecord]) -> TurnConnection:
+        edges = [TurnEdge(cursor=c, node=Turn.from_record(x)) for c, x in _pairs(page)]
         return cls(edges=edges, page_info=_page_info(page), total_count=page.total)
 
 
@@ -160,16 +158,16 @@ class TurnConnection:
 class Session:
     id: strawberry.ID = strawberry.field(description="A UUID.")
     created_at: datetime
-    default_history: HistoryMode
+    default_history: History
     event_count: int = strawberry.field(description="Events saved for this session so far.")
     _id: strawberry.Private[uuid.UUID]
 
     @classmethod
-    def from_model(cls, s: tables.Session) -> Session:
+    def from_record(cls, s: SessionRecord) -> Session:
         return cls(
             id=strawberry.ID(str(s.id)),
             created_at=s.created_at,
-            default_history=HistoryMode(s.default_history),
+            default_history=s.default_history,
             event_count=s.event_seq,
             _id=s.id,
         )
@@ -210,6 +208,6 @@ class SessionConnection:
     total_count: int
 
     @classmethod
-    def from_page(cls, page: Page[tables.Session]) -> SessionConnection:
-        edges = [SessionEdge(cursor=c, node=Session.from_model(x)) for c, x in _pairs(page)]
+    def from_page(cls, page: Page[SessionRecord]) -> SessionConnection:
+        edges = [SessionEdge(cursor=c, node=Session.from_record(x)) for c, x in _pairs(page)]
         return cls(edges=edges, page_info=_page_info(page), total_count=page.total)

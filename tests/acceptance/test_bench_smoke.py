@@ -19,7 +19,8 @@ TARGETS = {"c/b", "c/a", "d/c", "c_half_p99", "fanout_p99", "sub_kib", "page_p50
 
 def test_peer_fingerprint_is_keyturns() -> None:
     from bench.common import fingerprint as peer_fingerprint
-    from keyturn.runtime.requests import History, fingerprint
+    from keyturn.domain import History
+    from keyturn.runtime.validation import fingerprint
 
     for text in ("hello", "héllo \u2028 wörld", "/sleep 5"):
         for history in History:

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tests.faults.pg import PrivatePostgres, create_migrated_database, private_postgres
+from keyturn.ops import databases
+from tests.faults.pg import PrivatePostgres, private_postgres
 
 
 @pytest.fixture(scope="session")
@@ -20,4 +21,4 @@ def private_pg() -> Iterator[PrivatePostgres]:
 async def fault_db(private_pg: PrivatePostgres) -> AsyncIterator[str]:
     """A migrated database on the private server."""
     name = f"keyturn_f_{uuid.uuid4().hex[:12]}"
-    yield await create_migrated_database(private_pg.url, name)
+    yield await databases.create_migrated(private_pg.url, name)

@@ -25,7 +25,6 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from keyturn.db.engine import asyncpg_dsn
-from tests.support import with_database
 
 
 @dataclass
@@ -82,24 +81,6 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         with contextlib.suppress(Exception):
             handle.cleanup()
         shutil.rmtree(data_dir, ignore_errors=True)
-
-
-async def create_migrated_database(server_url: str, name: str) -> str:
-    from keyturn.db.engine import create_engine
-    from keyturn.db.migrate import upgrade
-
-    conn = await asyncpg.connect(asyncpg_dsn(server_url))
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    url = with_database(server_url, name)
-    engine = create_engine(url, pool_size=1)
-    try:
-        await upgrade(engine)
-    finally:
-        await engine.dispose()
-    return url
 
 
 # -- the proxy ---------------------------------------------------------------

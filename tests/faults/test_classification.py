@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from keyturn.db.engine import is_unavailable
+from keyturn.db.failures import is_unavailable
 
 
 @pytest.mark.parametrize(

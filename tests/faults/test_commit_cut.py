@@ -16,9 +16,10 @@ import httpx
 import pytest
 
 from keyturn.db.engine import asyncpg_dsn
+from keyturn.ops import databases
 from tests import figures
 from tests.faults.load import Load
-from tests.faults.pg import CuttingProxy, PrivatePostgres, create_migrated_database, server_port
+from tests.faults.pg import CuttingProxy, PrivatePostgres, server_port
 from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_in_process
 
 pytestmark = pytest.mark.slow
@@ -31,7 +32,7 @@ async def proxied(
     private_pg: PrivatePostgres,
 ) -> AsyncIterator[tuple[InProcessServer, CuttingProxy, str]]:
     name = f"keyturn_c_{uuid.uuid4().hex[:12]}"
-    direct = await create_migrated_database(private_pg.url, name)
+    direct = await databases.create_migrated(private_pg.url, name)
     proxy = CuttingProxy(private_pg.socket_dir, server_port(private_pg.url))
     await proxy.start()
     try:

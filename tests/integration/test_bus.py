@@ -29,7 +29,7 @@ async def append_events(db: Any, sid: uuid.UUID, n: int) -> None:
         WITH bump AS (UPDATE sessions SET event_seq = event_seq + $2 WHERE id = $1
                       RETURNING event_seq)
         INSERT INTO events (session_id, seq, type, data)
-        SELECT $1, bump.event_seq - $2 + g, 'test.event', '{}'::jsonb
+        SELECT $1, bump.event_seq - $2 + g, 'tool.planned', '{}'::jsonb
         FROM bump, generate_series(1, $2) AS g
         """,
         sid,
@@ -80,7 +80,7 @@ async def test_the_safety_net_poll_finds_news_no_wake_up_announced(
     sid = uuid.uuid4()
     await db.execute("INSERT INTO sessions (id, default_history) VALUES ($1, 'FULL')", sid)
     bus = EventBus(engine, poll_s=0.2)
-    bus.start()
+    poller = asyncio.create_task(bus.poll_forever())
     try:
         sub = bus.register(sid, 0)
         assert await bus.read(sub) == []
@@ -90,4 +90,5 @@ async def test_the_safety_net_poll_finds_news_no_wake_up_announced(
         assert [e.seq for e in await bus.read(sub)] == [1, 2, 3]
         bus.unregister(sub)
     finally:
-        await bus.stop()
+        poller.cancel()
+        bus.stop()

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from keyturn.db import work
+from keyturn.db import leases
 from keyturn.db.engine import connect, create_engine
-from keyturn.runtime.admission import Outcome, admit_turn
-from keyturn.runtime.requests import History, TurnRequest
+from keyturn.domain import History
+from keyturn.runtime.admission import AdmissionOutcome, admit_turn
+from keyturn.runtime.validation import TurnRequest
 from tests.support import GraphQLClient, InProcessServer, admin
 
 
@@ -30,23 +31,23 @@ async def queued_turn(engine: AsyncEngine, db: Any) -> uuid.UUID:
     admission = await admit_turn(
         engine=engine, request=TurnRequest(sid, "k", "hello", History.FULL)
     )
-    assert admission.outcome is Outcome.ACCEPTED and admission.turn is not None
+    assert admission.outcome is AdmissionOutcome.ACCEPTED and admission.turn is not None
     return admission.turn.id
 
 
 async def test_a_stale_owners_write_is_refused_and_recorded(engine: AsyncEngine, db: Any) -> None:
     turn_id = await queued_turn(engine, db)
     async with connect(engine) as conn:
-        [claimed] = await work.claim(conn, owner="old", ttl_s=30, limit=10)
+        [claimed] = (await leases.claim(conn, owner="old", ttl_s=30, limit=10)).turns
     assert claimed.id == turn_id and claimed.epoch == 1 and claimed.owner == "old"
     # Its lease runs out (the owner hung); a live process interrupts the turn.
     await db.execute("UPDATE turns SET lease_until = now() - interval '1 second'")
     async with connect(engine) as conn:
-        [interrupted] = await work.interrupt_expired(conn, by="sweeper")
+        [interrupted] = await leases.interrupt_expired(conn, by="sweeper")
         assert interrupted.status == "INTERRUPTED"
         # The old owner wakes up and tries to finish and to renew: both refused.
-        assert not await work.renew(conn, turn_id=turn_id, epoch=1, ttl_s=30)
-        done = await work.finish(
+        assert not await leases.renew(conn, turn_id=turn_id, epoch=1, ttl_s=30)
+        done = await leases.finish(
             conn,
             turn_id=turn_id,
             epoch=1,
@@ -57,7 +58,7 @@ async def test_a_stale_owners_write_is_refused_and_recorded(engine: AsyncEngine,
             data={},
         )
         assert done is None
-        await work.record_refused_write(
+        await leases.record_refused_write(
             conn, turn_id=turn_id, epoch=1, attempted="turn.completed", by="old"
         )
     row = await db.fetchrow("SELECT status, output FROM turns WHERE id = $1", turn_id)
@@ -77,14 +78,14 @@ async def test_a_stale_owners_write_is_refused_and_recorded(engine: AsyncEngine,
 async def test_a_new_claim_fences_out_the_previous_epoch(engine: AsyncEngine, db: Any) -> None:
     turn_id = await queued_turn(engine, db)
     async with connect(engine) as conn:
-        [first] = await work.claim(conn, owner="a", ttl_s=30, limit=1)
+        [first] = (await leases.claim(conn, owner="a", ttl_s=30, limit=1)).turns
         assert (first.epoch, first.owner) == (1, "a")
         # A clean hand-back, then another process claims it: epoch 2.
-        assert await work.release(conn, turn_id=turn_id, epoch=1, owner="a") is not None
-        [second] = await work.claim(conn, owner="b", ttl_s=30, limit=1)
+        assert await leases.release(conn, turn_id=turn_id, epoch=1, owner="a") is not None
+        [second] = (await leases.claim(conn, owner="b", ttl_s=30, limit=1)).turns
         assert (second.epoch, second.owner) == (2, "b")
         assert (
-            await work.finish(
+            await leases.finish(
                 conn,
                 turn_id=turn_id,
                 epoch=1,
@@ -96,7 +97,7 @@ async def test_a_new_claim_fences_out_the_previous_epoch(engine: AsyncEngine, db
             )
             is None
         )
-        finished = await work.finish(
+        finished = await leases.finish(
             conn,
             turn_id=turn_id,
             epoch=2,
@@ -119,7 +120,7 @@ async def test_concurrent_claimers_never_run_two_turns_of_one_session(
 
     async def claimer(name: str) -> list[Any]:
         async with connect(engine) as conn:
-            return await work.claim(conn, owner=name, ttl_s=30, limit=5)
+            return (await leases.claim(conn, owner=name, ttl_s=30, limit=5)).turns
 
     results = await asyncio.gather(*(claimer(f"p{i}") for i in range(4)))
     claimed = [t for r in results for t in r]
@@ -165,18 +166,19 @@ async def test_writers_lock_the_session_before_the_turn(
         async with connect(engine) as conn:
             # Skips the locked session at once (it must not wait for it while
             # holding the turn).
-            assert await asyncio.wait_for(work.claim(conn, owner="a", ttl_s=30, limit=10), 10) == []
+            claim = await asyncio.wait_for(leases.claim(conn, owner="a", ttl_s=30, limit=10), 10)
+            assert claim.turns == []
         await tx.rollback()
 
         async with connect(engine) as conn:
-            [claimed] = await work.claim(conn, owner="a", ttl_s=30, limit=10)
+            [claimed] = (await leases.claim(conn, owner="a", ttl_s=30, limit=10)).turns
         tx = holder.transaction()
         await tx.start()
         await holder.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", claimed.session_id)
 
         async def finish() -> Any:
             async with connect(engine) as conn:
-                return await work.finish(
+                return await leases.finish(
                     conn,
                     turn_id=turn_id,
                     epoch=claimed.epoch,

@@ -141,10 +141,10 @@ async def test_unexpected_errors_are_masked_and_logged(
     async def broken(*_a: Any, **_k: Any) -> None:
         raise RuntimeError('relation "secret_table" does not exist: SELECT * FROM secret_table')
 
-    original = runtime.sessions
-    runtime.sessions = broken
+    original = runtime.reads.sessions
+    runtime.reads.sessions = broken
     try:
-        with caplog.at_level(logging.ERROR, logger="keyturn.errors"):
+        with caplog.at_level(logging.ERROR, logger="keyturn.schema.errors"):
             body = await client.raw("{ sessions { totalCount } }")
     finally:
         runtime.sessions = original

@@ -310,14 +310,9 @@ async def test_another_tenant_cannot_resolve_or_see_the_turn(
     client: GraphQLClient, db: Any, database_url: str
 ) -> None:
     from keyturn.db.engine import create_engine
-    from keyturn.runtime.resolution import (
-        Outcome,
-        ResolutionAction,
-        ResolutionRequest,
-    )
-    from keyturn.runtime.resolution import (
-        resolve as resolve_in_runtime,
-    )
+    from keyturn.domain import ResolutionAction
+    from keyturn.runtime.resolution import ResolutionOutcome, ResolutionRequest
+    from keyturn.runtime.resolution import resolve as resolve_in_runtime
 
     sid = await client.create_session()
     tid = (await client.submit(sid, "s", "/sleep 60000"))["turn"]["id"]
@@ -330,8 +325,8 @@ async def test_another_tenant_cannot_resolve_or_see_the_turn(
             turn_id=tid, action=ResolutionAction.ABANDON, idempotency_key="k", force=False
         )
         other = await resolve_in_runtime(engine=engine, request=request, tenant="other")
-        assert other.outcome is Outcome.TURN_NOT_FOUND
+        assert other.outcome is ResolutionOutcome.TURN_NOT_FOUND
         mine = await resolve_in_runtime(engine=engine, request=request, tenant="")
-        assert mine.outcome is Outcome.ACCEPTED
+        assert mine.outcome is ResolutionOutcome.ACCEPTED
     finally:
         await engine.dispose()

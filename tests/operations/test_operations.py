@@ -160,7 +160,7 @@ async def test_json_logs_carry_request_id_and_admission_fields_never_the_input(
     assert admitted[0]["request_id"] == "req-abc.123"
     assert admitted[0]["session_id"] == sid and admitted[0]["turn_id"] == turn_id
     assert admitted[0]["idempotency_key"] == "k1"
-    access = [r for r in records if r["logger"] == "keyturn.access"]
+    access = [r for r in records if r["logger"] == "keyturn.http.requestlog"]
     assert any(r["request_id"] == "req-abc.123" and r["status"] == 200 for r in access)
     assert secret not in server.log()
 

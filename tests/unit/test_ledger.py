@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from keyturn.db.tables import Event
-from keyturn.experiment import verdict
+from keyturn.db.records import EventRecord as Event
+from keyturn.domain import ToolCallState
+from keyturn.ops.experiment import verdict
 from keyturn.runtime.crash import CrashHook
-from keyturn.runtime.ledger import ToolCallState, tool_calls
+from keyturn.runtime.ledger import tool_calls
 from keyturn.runtime.model import FixtureModel, ToolOutcome, ToolRequest, tool_directives
 
 SID = uuid.uuid4()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from keyturn.runtime.model import FixtureModel, ModelError, PastTurn
+from keyturn.errors import ModelError
+from keyturn.runtime.model import FixtureModel, PastTurn
 
 
 async def test_same_input_and_history_give_the_same_output() -> None:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from keyturn.playground import SERVED_PATTERNS, SOURCE, is_served, playground_dir
+from keyturn.http.playground import SERVED_PATTERNS, SOURCE, is_served, playground_dir
 from tests.support import ROOT
 
 

@@ -6,7 +6,9 @@ import uuid
 
 import pytest
 
-from keyturn.runtime.requests import History, InvalidRequest, TurnRequest, fingerprint
+from keyturn.domain import History
+from keyturn.errors import InvalidRequest
+from keyturn.runtime.validation import TurnRequest, fingerprint
 
 SID = str(uuid.uuid4())
 

@@ -1,0 +1,68 @@
+"""What a database error means, decided once, here.
+
+Callers above ``db`` never look at a driver exception: a lost connection
+becomes :class:`~keyturn.errors.DatabaseUnavailable` (in
+:func:`keyturn.db.engine.connect`), and a unique violation a statement
+expects (a duplicate ledger entry, a lost race for a key) becomes a typed
+result of the function that ran it, found by :func:`violated`.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+from sqlalchemy import exc as sa_exc
+
+# Everything the driver and the pool raise for a failed statement or connection.
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    sa_exc.DBAPIError,
+    OSError,
+    ConnectionError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+)
+
+# SQLSTATE classes that mean "the server or the connection went away".
+_UNAVAILABLE_CLASSES = ("08", "57P", "53")
+# A transaction the server rolled back on its own (deadlock, serialization
+# failure) or whose completion is unknown: nothing of it committed, or it must
+# be re-read; either way the request may be retried.
+_ROLLED_BACK_STATES = ("40001", "40003", "40P01")
+
+
+def sqlstate_of(error: BaseException) -> str | None:
+    orig = getattr(error, "orig", None)
+    for candidate in (orig, getattr(orig, "__cause__", None), error):
+        state = getattr(candidate, "sqlstate", None)
+        if state:
+            return str(state)
+    return None
+
+
+def is_unavailable(error: BaseException) -> bool:
+    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
+        return True
+    if isinstance(
+        error, OSError | ConnectionError | asyncpg.exceptions.ConnectionDoesNotExistError
+    ):
+        return True
+    if isinstance(error, asyncpg.InterfaceError) and "closed" in str(error):
+        return True
+    if isinstance(error, asyncpg.exceptions.InternalClientError):
+        return True  # a connection left mid-operation by an earlier failure
+    orig = getattr(error, "orig", None)
+    if isinstance(getattr(orig, "__cause__", None), OSError | ConnectionError):
+        return True
+    state = sqlstate_of(error)
+    if state in _ROLLED_BACK_STATES:
+        return True
+    return state is not None and state.startswith(_UNAVAILABLE_CLASSES)
+
+
+def violated(error: BaseException) -> str | None:
+    """The unique index or constraint a statement violated, or None when the
+    error is something else."""
+    if isinstance(error, asyncpg.UniqueViolationError):
+        name = getattr(error, "constraint_name", None)
+        return str(name) if name else ""
+    return None

@@ -1,0 +1,264 @@
+"""The writes of running turns: claim, renew, finish, interrupt, release.
+
+Each is one short statement in autocommit mode. No row lock outlives its
+statement, so nothing is locked while a model or a tool works. Every write for
+a claimed turn names the epoch its claim received; a write whose epoch no
+longer matches touches nothing (the caller records the refusal).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from keyturn.db.engine import Conn
+from keyturn.db.failures import DRIVER_ERRORS, violated
+from keyturn.db.records import TurnRecord, turn_from
+from keyturn.db.sql import Statement, append_event, columns, literal, literals
+from keyturn.db.tables import Turn
+from keyturn.domain import EventType, TurnStatus
+
+QUEUED, RUNNING = literal(TurnStatus.QUEUED), literal(TurnStatus.RUNNING)
+_U = columns(Turn, alias="u")
+
+# Lock order, for every statement that changes a turn and appends an event:
+# the session row first, then the turn row. Admission holds the session row
+# while its ON CONFLICT check may wait for a transaction that is updating the
+# turn holding the same key; a writer that took the turn first and then
+# waited for the session would close a cycle (a deadlock PostgreSQL breaks
+# after deadlock_timeout, with a stall and an error).
+_SESSION_OF_TURN = """
+    s AS (
+        SELECT sessions.id FROM sessions JOIN turns t ON t.session_id = sessions.id
+        WHERE t.id = :turn_id
+        FOR UPDATE OF sessions
+    )"""
+
+# Only the head of a session's queue is claimable, and only while nothing of
+# its session runs. The heads come from one ordered pass over the partial
+# index of queued turns (DISTINCT ON), so a claim costs O(queued), not
+# O(queued²) as a per-row "no earlier queued turn" test would in a long
+# queue. A head locked by another claimer is skipped, never its successor.
+# The partial unique index on RUNNING turns backs this up: if two claimers
+# ever raced past the checks, one statement would fail.
+_CLAIM = Statement(
+    f"""
+    WITH heads AS (
+        SELECT DISTINCT ON (session_id) id, session_id, admit_seq, created_at
+        FROM turns
+        WHERE status = {QUEUED}
+        ORDER BY session_id, admit_seq
+    ), ready AS (
+        SELECT h.id, h.session_id FROM heads h
+        WHERE NOT EXISTS (SELECT 1 FROM turns r
+                          WHERE r.session_id = h.session_id AND r.status = {RUNNING})
+        ORDER BY h.created_at, h.admit_seq
+        LIMIT :limit
+    ), s AS (
+        SELECT id FROM sessions WHERE id IN (SELECT session_id FROM ready)
+        FOR UPDATE SKIP LOCKED
+    ), c AS (
+        SELECT t.id FROM turns t JOIN ready r ON r.id = t.id JOIN s ON s.id = t.session_id
+        FOR UPDATE OF t SKIP LOCKED
+    ), u AS (
+        UPDATE turns SET status = {RUNNING}, owner = :owner, epoch = turns.epoch + 1,
+               started_at = now(), lease_until = now() + make_interval(secs => :ttl)
+        FROM c WHERE turns.id = c.id AND turns.status = {QUEUED}
+        RETURNING turns.*
+    ), {
+        append_event(
+            "u",
+            type=literal(EventType.TURN_RUNNING),
+            data="jsonb_build_object('owner', u.owner, 'epoch', u.epoch)",
+        )
+    }
+    SELECT {_U} FROM u
+    """
+)
+
+_RENEW = Statement(
+    f"""
+    UPDATE turns SET lease_until = now() + make_interval(secs => :ttl)
+    WHERE id = :turn_id AND epoch = :epoch AND status = {RUNNING}
+    RETURNING id
+    """
+)
+
+_FINISH = Statement(
+    f"""
+    WITH {_SESSION_OF_TURN}, u AS (
+        UPDATE turns SET status = :status, output = :output, error = :error,
+               completed_at = now(), lease_until = NULL
+        FROM s
+        WHERE turns.id = :turn_id AND turns.session_id = s.id
+          AND turns.epoch = :epoch AND turns.status = {RUNNING}
+        RETURNING turns.*
+    ), {append_event("u", type=":type", data="CAST(:data AS jsonb)")}
+    SELECT {_U} FROM u
+    """
+)
+
+# A lease that ran out means its owner stopped renewing: it died, hung, or lost
+# the database. The turn is not run again; the record says what it shows.
+_INTERRUPT_EXPIRED = Statement(
+    f"""
+    WITH x AS (
+        SELECT id, session_id FROM turns
+        WHERE status = {RUNNING} AND lease_until < now()
+        ORDER BY lease_until
+        LIMIT 100
+    ), s AS (
+        SELECT id FROM sessions WHERE id IN (SELECT session_id FROM x)
+        FOR UPDATE SKIP LOCKED
+    ), u AS (
+        UPDATE turns SET status = {literal(TurnStatus.INTERRUPTED)}, completed_at = now(),
+               error = 'interrupted: the process running this turn stopped renewing its lease',
+               lease_until = NULL
+        FROM x JOIN s ON s.id = x.session_id
+        WHERE turns.id = x.id AND turns.status = {RUNNING} AND turns.lease_until < now()
+        RETURNING turns.*
+    ), {
+        append_event(
+            "u",
+            type=literal(EventType.TURN_INTERRUPTED),
+            data='''jsonb_build_object(
+                   'owner', u.owner, 'epoch', u.epoch, 'by', CAST(:by AS text),
+                   'lastEvent', (SELECT jsonb_build_object('seq', e.seq, 'type', e.type,
+                                                           'createdAt', e.created_at)
+                                 FROM events e WHERE e.turn_id = u.id
+                                 ORDER BY e.seq DESC LIMIT 1))''',
+        )
+    }
+    SELECT {_U} FROM u
+    """
+)
+
+# A clean shutdown hands an unfinished turn back to the queue instead of
+# marking it interrupted, as long as it has done nothing outside itself: a
+# turn with a tool intent is never run again on its own, so it stays until
+# its lease runs out and is interrupted (and its tool calls settled).
+_RELEASE = Statement(
+    f"""
+    WITH {_SESSION_OF_TURN}, u AS (
+        UPDATE turns SET status = {QUEUED}, owner = NULL, lease_until = NULL,
+               started_at = NULL
+        FROM s
+        WHERE turns.id = :turn_id AND turns.session_id = s.id
+          AND turns.epoch = :epoch AND turns.status = {RUNNING}
+          AND NOT EXISTS (SELECT 1 FROM events e
+                          WHERE e.turn_id = :turn_id
+                            AND e.type = {literal(EventType.TOOL_INTENT)})
+        RETURNING turns.*
+    ), {
+        append_event(
+            "u",
+            type=literal(EventType.TURN_RELEASED),
+            data="jsonb_build_object('owner', CAST(:owner AS text), 'epoch', u.epoch)",
+        )
+    }
+    SELECT {_U} FROM u
+    """
+)
+
+# Not fenced: it records that a fenced write was refused, whatever the turn's
+# state now. It still takes the session row before the turn's (the bump).
+_REFUSED = Statement(
+    f"""
+    WITH t AS (SELECT id, session_id, epoch, owner, status FROM turns WHERE id = :turn_id),
+    {
+        append_event(
+            "t",
+            type=literal(EventType.TURN_WRITE_REFUSED),
+            data='''jsonb_build_object(
+                   'attempted', CAST(:attempted AS text), 'by', CAST(:by AS text),
+                   'staleEpoch', CAST(:epoch AS bigint), 'currentEpoch', t.epoch,
+                   'status', t.status)''',
+        )
+    }
+    SELECT seq FROM ev
+    """
+)
+
+_HISTORY = Statement(
+    f"""
+    SELECT input, output, status FROM turns
+    WHERE session_id = :session_id AND admit_seq < :admit_seq
+      AND status IN ({literals((TurnStatus.COMPLETED, TurnStatus.INTERRUPTED))})
+    ORDER BY admit_seq
+    """
+)
+
+ONE_RUNNING_PER_SESSION = "ux_turns_one_running_per_session"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    turns: list[TurnRecord]
+    # Two claimers raced past the checks and the unique index on RUNNING turns
+    # refused this one: nothing was claimed; try again.
+    lost_race: bool = False
+
+
+async def claim(conn: Conn, *, owner: str, ttl_s: float, limit: int) -> Claim:
+    try:
+        rows = await _CLAIM.fetch(conn, owner=owner, ttl=ttl_s, limit=limit)
+    except DRIVER_ERRORS as error:
+        if violated(error) == ONE_RUNNING_PER_SESSION:
+            return Claim([], lost_race=True)
+        raise
+    return Claim([turn_from(r) for r in rows])
+
+
+async def renew(conn: Conn, *, turn_id: uuid.UUID, epoch: int, ttl_s: float) -> bool:
+    row = await _RENEW.fetchrow(conn, turn_id=turn_id, epoch=epoch, ttl=ttl_s)
+    return row is not None
+
+
+async def finish(
+    conn: Conn,
+    *,
+    turn_id: uuid.UUID,
+    epoch: int,
+    status: TurnStatus,
+    event_type: EventType,
+    output: str | None,
+    error: str | None,
+    data: dict[str, Any],
+) -> TurnRecord | None:
+    """The finished turn, or None when the epoch or status no longer matched."""
+    row = await _FINISH.fetchrow(
+        conn,
+        turn_id=turn_id,
+        epoch=epoch,
+        status=status,
+        type=event_type,
+        output=output,
+        error=error,
+        data=orjson.dumps(data).decode(),
+    )
+    return turn_from(row) if row is not None else None
+
+
+async def interrupt_expired(conn: Conn, *, by: str) -> list[TurnRecord]:
+    return [turn_from(r) for r in await _INTERRUPT_EXPIRED.fetch(conn, by=by)]
+
+
+async def release(conn: Conn, *, turn_id: uuid.UUID, epoch: int, owner: str) -> TurnRecord | None:
+    row = await _RELEASE.fetchrow(conn, turn_id=turn_id, epoch=epoch, owner=owner)
+    return turn_from(row) if row is not None else None
+
+
+async def record_refused_write(
+    conn: Conn, *, turn_id: uuid.UUID, epoch: int, attempted: str, by: str
+) -> None:
+    await _REFUSED.execute(conn, turn_id=turn_id, epoch=epoch, attempted=attempted, by=by)
+
+
+async def history(
+    conn: Conn, *, session_id: uuid.UUID, admit_seq: int
+) -> list[tuple[str, str | None, TurnStatus]]:
+    rows = await _HISTORY.fetch(conn, session_id=session_id, admit_seq=admit_seq)
+    return [(r["input"], r["output"], TurnStatus(r["status"])) for r in rows]

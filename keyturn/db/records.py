@@ -1,0 +1,112 @@
+"""Rows as read: plain records built from driver rows, one class per table.
+
+Reads hand these up to the runtime instead of SQLModel objects: building a
+table model costs tens of microseconds (measured: ~37 µs per event, ~60 µs
+per turn), and nothing above ``db`` needs the ORM. The tables in
+:mod:`keyturn.db.tables` stay the source of truth: every SELECT list is
+generated from them, and a unit test checks that each record has exactly its
+table's columns.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+from keyturn.domain import History, ResolutionAction, TurnStatus
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    id: uuid.UUID
+    tenant: str
+    created_at: datetime
+    default_history: History
+    # The last seq handed out; seq is gapless, so also the number of events.
+    event_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    id: uuid.UUID
+    session_id: uuid.UUID
+    idempotency_key: str
+    fingerprint: str
+    input: str
+    history: History
+    status: TurnStatus
+    output: str | None
+    error: str | None
+    admit_seq: int
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    owner: str | None
+    lease_until: datetime | None
+    epoch: int
+    retry_of: uuid.UUID | None
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    id: int
+    session_id: uuid.UUID
+    turn_id: uuid.UUID | None
+    seq: int
+    type: str  # an EventType value; kept as read, since events are streamed in bulk
+    data: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ResolutionRecord:
+    id: uuid.UUID
+    session_id: uuid.UUID
+    turn_id: uuid.UUID
+    idempotency_key: str
+    fingerprint: str
+    action: ResolutionAction
+    force: bool
+    new_turn_id: uuid.UUID | None
+    created_at: datetime
+
+
+def names(record: type[Any]) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(record))
+
+
+_SESSION = names(SessionRecord)
+_TURN = names(TurnRecord)
+_EVENT = names(EventRecord)
+_RESOLUTION = names(ResolutionRecord)
+
+
+def session_from(row: Row, prefix: str = "") -> SessionRecord:
+    values = {n: row[prefix + n] for n in _SESSION}
+    values["default_history"] = History(values["default_history"])
+    return SessionRecord(**values)
+
+
+def turn_from(row: Row, prefix: str = "") -> TurnRecord:
+    values = {n: row[prefix + n] for n in _TURN}
+    values["history"] = History(values["history"])
+    values["status"] = TurnStatus(values["status"])
+    return TurnRecord(**values)
+
+
+def event_from(row: Row) -> EventRecord:
+    return EventRecord(*(row[n] for n in _EVENT))
+
+
+def resolution_from(row: Row, prefix: str = "") -> ResolutionRecord | None:
+    """None when the row's resolution columns are NULL (an outer join found none)."""
+    if row[prefix + "id"] is None:
+        return None
+    values = {n: row[prefix + n] for n in _RESOLUTION}
+    values["action"] = ResolutionAction(values["action"])
+    return ResolutionRecord(**values)

@@ -1,0 +1,71 @@
+"""Keyturn's vocabulary: every status, event type and kind, spelt once.
+
+A leaf: it imports nothing from Keyturn. The database refuses a status or an
+event type that is not listed here (CHECK constraints, migration 0004; a
+migration test keeps the two equal), and the GraphQL schema registers these
+enums as they are rather than mirroring them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TurnStatus(StrEnum):
+    QUEUED = "QUEUED"  # admitted; waits for the session's earlier turns
+    RUNNING = "RUNNING"  # claimed by a process that holds its lease
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    INTERRUPTED = "INTERRUPTED"  # its process stopped renewing the lease; never re-run
+
+
+# A turn in one of these states changes no more (a resolution adds a new turn).
+TERMINAL_STATUSES = frozenset({TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.INTERRUPTED})
+
+
+class EventType(StrEnum):
+    TURN_STARTED = "turn.started"  # admitted, before the answer
+    TURN_RUNNING = "turn.running"  # a process claimed it
+    TURN_COMPLETED = "turn.completed"
+    TURN_FAILED = "turn.failed"
+    TURN_INTERRUPTED = "turn.interrupted"  # its lease ran out
+    TURN_RELEASED = "turn.released"  # a stopping process handed it back to the queue
+    TURN_WRITE_REFUSED = "turn.write_refused"  # a stale epoch tried to write
+    TURN_RETRIED = "turn.retried"
+    TURN_ABANDONED = "turn.abandoned"
+    TOOL_PLANNED = "tool.planned"
+    TOOL_INTENT = "tool.intent"  # committed before the tool runs
+    TOOL_RESULT = "tool.result"  # committed after it returns
+    TOOL_RECONCILED = "tool.reconciled"  # an idempotent tool was asked about an unknown outcome
+
+
+# The event that ends a turn, one per status it can end in.
+TERMINAL_EVENTS = frozenset(
+    {EventType.TURN_COMPLETED, EventType.TURN_FAILED, EventType.TURN_INTERRUPTED}
+)
+# At most one of each per call of a turn (a unique index on the events table).
+ONCE_PER_CALL_EVENTS = (EventType.TOOL_INTENT, EventType.TOOL_RESULT, EventType.TOOL_RECONCILED)
+
+
+class History(StrEnum):
+    FULL = "FULL"  # the session's earlier completed (and interrupted) turns
+    NONE = "NONE"  # only this turn's own input
+
+
+class ToolKind(StrEnum):
+    READ_ONLY = "READ_ONLY"  # changes nothing
+    IDEMPOTENT = "IDEMPOTENT"  # applies its effect key at most once; can be asked about it
+    UNSAFE = "UNSAFE"  # may change something every time it runs
+
+
+class ToolCallState(StrEnum):
+    NOT_STARTED = "NOT_STARTED"  # planned, no intent recorded: the tool did not run
+    COMPLETED = "COMPLETED"  # intent and result recorded
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # intent without result: it may or may not have run
+    RECONCILED_APPLIED = "RECONCILED_APPLIED"  # unknown, then the tool said: applied
+    RECONCILED_NOT_APPLIED = "RECONCILED_NOT_APPLIED"  # unknown, then the tool said: never
+
+
+class ResolutionAction(StrEnum):
+    RETRY = "RETRY"  # a new turn, reusing what the interrupted one established
+    ABANDON = "ABANDON"  # record turn.abandoned; nothing runs

@@ -1,0 +1,169 @@
+"""The runtime of one process: the composition root that builds the worker,
+the bus, the listener and their supervisor, and the entry points that write
+(create a session, admit a turn, resolve an interrupted one).
+
+Reads for the API go through :class:`keyturn.runtime.reads.Reads`, which
+holds no state of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from keyturn.db import reads as db_reads
+from keyturn.db.engine import asyncpg_dsn, connect, create_engine
+from keyturn.db.listener import Listener
+from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
+from keyturn.domain import History
+from keyturn.errors import ShuttingDown
+from keyturn.runtime import streams
+from keyturn.runtime.admission import Admission, AdmissionOutcome, admit_turn
+from keyturn.runtime.bus import EventBus
+from keyturn.runtime.crash import CrashHook
+from keyturn.runtime.model import FixtureModel, Model
+from keyturn.runtime.reads import Reads
+from keyturn.runtime.resolution import (
+    ResolutionOutcome,
+    ResolutionRequest,
+    ResolutionResult,
+    resolve,
+)
+from keyturn.runtime.stats import NoStats, Stats
+from keyturn.runtime.supervisor import Supervisor
+from keyturn.runtime.tools import synthetic_tools
+from keyturn.runtime.validation import TurnRequest
+from keyturn.runtime.worker import Worker, WorkerSettings, new_owner_id
+from keyturn.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(
+        self,
+        *,
+        engine: AsyncEngine,
+        settings: Settings,
+        database_url: str,
+        model: Model | None = None,
+        stats: Stats | None = None,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.stats = stats or NoStats()
+        self.owner = new_owner_id()
+        self.reads = Reads(engine)
+        self.bus = EventBus(engine, poll_s=settings.subscription_poll_s)
+        self.listener = Listener(
+            asyncpg_dsn(database_url), on_wake=self.bus.wake, on_reconnect=self.bus.wake_all
+        )
+        self.bus.broadcast = self.listener.wake
+        # The synthetic tools' store has its own connections: its writes are
+        # never in a transaction of the runtime's record.
+        self.store_engine = create_engine(database_url, pool_size=2)
+        self.worker = Worker(
+            engine=engine,
+            model=model or FixtureModel(delay_ms=settings.fixture_delay_ms),
+            bus=self.bus,
+            settings=WorkerSettings(
+                max_running=settings.max_running_turns,
+                lease_ttl_s=settings.lease_ttl_s,
+                lease_renew_s=settings.lease_renew_s,
+                claim_poll_s=settings.claim_poll_s,
+                shutdown_grace_s=settings.shutdown_grace_s,
+            ),
+            owner=self.owner,
+            tools=synthetic_tools(self.store_engine),
+            crash=CrashHook(settings.crash_at, after=settings.crash_after),
+        )
+        self.supervisor = Supervisor()
+        self.supervisor.add("worker", self.worker.run)
+        self.supervisor.add("bus-poll", self.bus.poll_forever)
+        self.supervisor.add("listener", self.listener.supervise)
+        self.supervisor.add("notifier", self.listener.send_forever)
+        self.accepting = False
+
+    def supervise(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        """Run another long-lived task of this process under the same watch."""
+        self.supervisor.add(name, run)
+
+    async def start(self) -> None:
+        await self.listener.start()
+        self.supervisor.start()
+        self.accepting = True
+        log.info("runtime started as %s", self.owner)
+
+    def drain(self) -> None:
+        """The process was asked to stop: admit nothing and claim nothing more,
+        so that other processes take the queue, while running turns finish."""
+        if self.accepting:
+            log.info("draining: no new admissions or claims; running turns go on")
+        self.accepting = False
+        self.worker.drain()
+
+    async def stop(self) -> None:
+        self.accepting = False
+        # The claim loop first; running turns then finish (their last events
+        # still wake other processes through the notifier), then the rest.
+        await self.supervisor.stop("worker")
+        await self.worker.stop()
+        await self.supervisor.stop()
+        self.bus.stop()
+        await self.listener.stop()
+        await self.store_engine.dispose()
+
+    # -- writes ------------------------------------------------------------
+    # Every method a client reaches names the caller's tenant; sessions, turns
+    # and events of another tenant are simply not found.
+    async def create_session(self, *, tenant: str, default_history: History) -> SessionRecord:
+        async with connect(self.engine) as conn:
+            return await db_reads.create_session(
+                conn, tenant=tenant, default_history=default_history
+            )
+
+    async def submit(self, request: TurnRequest, *, tenant: str) -> Admission:
+        if not self.accepting:
+            raise ShuttingDown()
+        admission = await admit_turn(
+            engine=self.engine,
+            request=request,
+            tenant=tenant,
+            stats=self.stats,
+            log_inputs=self.settings.log_inputs,
+        )
+        if admission.outcome is AdmissionOutcome.ACCEPTED:
+            self.bus.committed(request.session_id)
+            self.worker.wake()
+        return admission
+
+    async def resolve_interrupted(
+        self, request: ResolutionRequest, *, tenant: str
+    ) -> ResolutionResult:
+        if not self.accepting:
+            raise ShuttingDown()
+        result = await resolve(engine=self.engine, request=request, tenant=tenant)
+        if result.outcome is ResolutionOutcome.ACCEPTED and result.turn is not None:
+            self.bus.committed(result.turn.session_id)
+            self.worker.wake()
+        return result
+
+    # -- streams -----------------------------------------------------------
+    def session_events(
+        self, session_id: uuid.UUID, after_seq: int, *, tenant: str
+    ) -> AsyncIterator[EventRecord]:
+        return streams.session_events(
+            engine=self.engine,
+            bus=self.bus,
+            tenant=tenant,
+            session_id=session_id,
+            after_seq=after_seq,
+        )
+
+    def turn_completed(self, turn_id: uuid.UUID, *, tenant: str) -> AsyncIterator[TurnRecord]:
+        return streams.turn_completed(
+            engine=self.engine, bus=self.bus, tenant=tenant, turn_id=turn_id
+        )

@@ -1,0 +1,58 @@
+"""Reads of the record for the API: sessions, turns, events, tool calls.
+
+A façade with no state but the engine: each read checks out a connection,
+runs the queries of :mod:`keyturn.db.reads` and hands up plain records.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from keyturn.db import reads
+from keyturn.db.engine import connect
+from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
+from keyturn.runtime.ledger import ToolCallView, tool_calls
+
+
+class Reads:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def session(self, session_id: uuid.UUID, *, tenant: str) -> SessionRecord | None:
+        async with connect(self.engine) as conn:
+            return await reads.session(conn, tenant=tenant, session_id=session_id)
+
+    async def sessions(
+        self, *, tenant: str, after: tuple[datetime, uuid.UUID] | None, limit: int
+    ) -> tuple[list[SessionRecord], int]:
+        async with connect(self.engine) as conn:
+            page = await reads.sessions_after(conn, tenant=tenant, after=after, limit=limit)
+            return page, await reads.session_count(conn, tenant=tenant)
+
+    async def turn(self, turn_id: uuid.UUID, *, tenant: str) -> TurnRecord | None:
+        async with connect(self.engine) as conn:
+            return await reads.turn(conn, tenant=tenant, turn_id=turn_id)
+
+    async def turns(
+        self, *, session_id: uuid.UUID, after: int, limit: int
+    ) -> tuple[list[TurnRecord], int]:
+        """A session's turns (the session was looked up under the caller's tenant)."""
+        async with connect(self.engine) as conn:
+            page = await reads.turns_after(conn, session_id=session_id, after=after, limit=limit)
+            return page, await reads.turn_count(conn, session_id=session_id)
+
+    async def events(self, *, session_id: uuid.UUID, after: int, limit: int) -> list[EventRecord]:
+        async with connect(self.engine) as conn:
+            return await reads.events_after(conn, session_id=session_id, after=after, limit=limit)
+
+    async def turn_events(self, turn_id: uuid.UUID) -> list[EventRecord]:
+        async with connect(self.engine) as conn:
+            return await reads.turn_events(conn, turn_id=turn_id)
+
+    async def tool_calls(self, turn_id: uuid.UUID) -> list[ToolCallView]:
+        """What the tool ledger establishes about the turn's calls (the turn
+        was looked up under the caller's tenant)."""
+        return tool_calls(await self.turn_events(turn_id))

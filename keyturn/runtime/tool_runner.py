@@ -1,0 +1,259 @@
+"""Running a turn's model with its tool calls, writing the tool ledger on each
+side of every call.
+
+A retry (``turn.retry_of``) reuses what the interrupted turn established:
+
+=========================================  ========================================
+the interrupted turn's call                the retry's call with the same index
+=========================================  ========================================
+COMPLETED, RECONCILED_APPLIED              reused: ``tool.result`` with ``reused``
+IDEMPOTENT, OUTCOME_UNKNOWN                run again with the *same* effect key
+                                           (the tool applies a key at most once)
+RECONCILED_NOT_APPLIED                     run again under the retry's own key
+                                           (asking settled the old key as never)
+UNSAFE, OUTCOME_UNKNOWN                    run again only when the retry was
+                                           forced (the resolution refuses otherwise)
+READ_ONLY unknown, NOT_STARTED, no record  run as any new call
+=========================================  ========================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from keyturn.db import leases, reads
+from keyturn.db import ledger as db
+from keyturn.db.engine import connect
+from keyturn.db.records import TurnRecord
+from keyturn.domain import EventType, ToolCallState, ToolKind
+from keyturn.errors import (
+    DatabaseUnavailable,
+    ModelError,
+    StaleLease,
+    ToolError,
+    ToolOutcomeUnknown,
+)
+from keyturn.runtime.bus import EventBus
+from keyturn.runtime.crash import CrashHook
+from keyturn.runtime.ledger import ToolCallView, effect_key, tool_calls
+from keyturn.runtime.model import Model, PastTurn, ToolOutcome, ToolRequest
+from keyturn.runtime.tools import Tools
+
+log = logging.getLogger(__name__)
+
+MAX_TOOL_CALLS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    index: int
+    request: ToolRequest
+    kind: ToolKind
+    effect_key: str
+    reuse: ToolCallView | None  # reuse this earlier call's result instead of running
+    previous: ToolCallView | None  # the interrupted turn's call with this index
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "tool": self.request.tool,
+            "arguments": self.request.arguments,
+            "kind": self.kind,
+            "effectKey": self.effect_key,
+        }
+
+
+class ToolRunner:
+    """Runs one turn's model with its tool calls, writing the ledger."""
+
+    def __init__(
+        self,
+        *,
+        engine: AsyncEngine,
+        model: Model,
+        bus: EventBus,
+        tools: Tools,
+        crash: CrashHook,
+        lease_ttl_s: float,
+        owner: str,
+    ) -> None:
+        self.engine = engine
+        self.model = model
+        self.bus = bus
+        self.tools = tools
+        self.crash = crash
+        self.lease_ttl_s = lease_ttl_s
+        self.owner = owner
+
+    # -- running -----------------------------------------------------------
+    async def produce(self, turn: TurnRecord, past: list[PastTurn]) -> str:
+        previous = await self._previous_calls(turn)
+        results: list[ToolOutcome] = []
+        while True:
+            requests = await self.model.tool_calls(input=turn.input, history=past, results=results)
+            if not requests:
+                break
+            if len(results) + len(requests) > MAX_TOOL_CALLS:
+                raise ModelError(f"the model asked for more than {MAX_TOOL_CALLS} tool calls")
+            plans = [
+                self._plan(turn, len(results) + n, request, previous)
+                for n, request in enumerate(requests)
+            ]
+            await self._append(
+                turn, EventType.TOOL_PLANNED, {"calls": [p.describe() for p in plans]}
+            )
+            for plan in plans:
+                results.append(await self._call(turn, plan))
+        return await self.model.reply(input=turn.input, history=past, results=results)
+
+    async def _previous_calls(self, turn: TurnRecord) -> dict[int, ToolCallView]:
+        if turn.retry_of is None:
+            return {}
+        async with connect(self.engine) as conn:
+            events = await reads.turn_events(conn, turn_id=turn.retry_of)
+        return {c.index: c for c in tool_calls(events)}
+
+    def _plan(
+        self, turn: TurnRecord, index: int, request: ToolRequest, previous: dict[int, ToolCallView]
+    ) -> _Plan:
+        kind = self.tools.kind_of(request.tool)
+        before = previous.get(index)
+        if before is not None and (before.tool, before.arguments) != (
+            request.tool,
+            request.arguments,
+        ):
+            before = None  # a different call at that index: nothing to reuse
+        own_key = effect_key(turn.id, index)
+        if before is None:
+            return _Plan(index, request, kind, own_key, None, None)
+        if before.state in (ToolCallState.COMPLETED, ToolCallState.RECONCILED_APPLIED):
+            return _Plan(index, request, kind, before.effect_key, before, before)
+        if before.state is ToolCallState.OUTCOME_UNKNOWN and kind is ToolKind.IDEMPOTENT:
+            return _Plan(index, request, kind, before.effect_key, None, before)
+        return _Plan(index, request, kind, own_key, None, before)
+
+    async def _call(self, turn: TurnRecord, plan: _Plan) -> ToolOutcome:
+        data = plan.describe()
+        if plan.reuse is not None:
+            reused = plan.reuse
+            kept = (
+                reused.result
+                if reused.result is not None
+                else {"applied": True, "reconciled": True}
+            )
+            await self._append(
+                turn,
+                EventType.TOOL_RESULT,
+                {
+                    **data,
+                    "result": kept,
+                    "reused": True,
+                    "reusedFrom": reused.reused_from or str(turn.retry_of),
+                    "epoch": turn.epoch,
+                },
+            )
+            return ToolOutcome(plan.index, plan.request.tool, plan.request.arguments, kept)
+
+        tool = self.tools.get(plan.request.tool)
+        await self.crash.point("before_intent", plan.index)
+        intent = {**data, "epoch": turn.epoch}
+        if plan.previous is not None:
+            intent["previous"] = {
+                "turnId": str(turn.retry_of),
+                "effectKey": plan.previous.effect_key,
+                "state": plan.previous.state,
+            }
+        await self._append(turn, EventType.TOOL_INTENT, intent)
+        await self.crash.point("after_intent", plan.index)
+        if tool is None:
+            result: dict[str, Any] = {"error": f"no tool named {plan.request.tool!r}"}
+        else:
+            try:
+                result = await tool.run(plan.request.arguments, effect_key=plan.effect_key)
+            except ToolError as error:
+                result = {"error": str(error)}
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.exception("turn %s: tool %s failed", turn.id, plan.request.tool)
+                raise ToolOutcomeUnknown() from error
+        await self.crash.point("after_write", plan.index)
+        await self._append(
+            turn, EventType.TOOL_RESULT, {**data, "result": result, "epoch": turn.epoch}
+        )
+        await self.crash.point("after_result", plan.index)
+        return ToolOutcome(plan.index, plan.request.tool, plan.request.arguments, result)
+
+    async def _append(self, turn: TurnRecord, type: EventType, data: dict[str, Any]) -> None:
+        # A lost connection is retried for as long as the lease could hold;
+        # the unique index on the ledger makes a repeat harmless.
+        deadline = asyncio.get_running_loop().time() + self.lease_ttl_s
+        while True:
+            try:
+                async with connect(self.engine) as conn:
+                    done = await db.append(
+                        conn, turn_id=turn.id, epoch=turn.epoch, type=type, data=data
+                    )
+                    if done is db.Appended.REFUSED:
+                        await leases.record_refused_write(
+                            conn, turn_id=turn.id, epoch=turn.epoch, attempted=type, by=self.owner
+                        )
+                break
+            except DatabaseUnavailable:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise ToolOutcomeUnknown() from None
+                await asyncio.sleep(0.5)
+        self.bus.committed(turn.session_id)
+        if done is db.Appended.REFUSED:
+            raise StaleLease()
+
+    # -- settling ------------------------------------------------------------
+    async def reconcile(self, turn_id: uuid.UUID) -> int:
+        """Ask IDEMPOTENT tools about every call of an INTERRUPTED turn whose
+        outcome is unknown; save each answer as ``tool.reconciled``."""
+        async with connect(self.engine) as conn:
+            events = await reads.turn_events(conn, turn_id=turn_id)
+        saved = 0
+        for call in tool_calls(events):
+            if call.state is not ToolCallState.OUTCOME_UNKNOWN or call.kind is not (
+                ToolKind.IDEMPOTENT
+            ):
+                continue
+            tool = self.tools.get(call.tool)
+            if tool is None or tool.kind is not ToolKind.IDEMPOTENT:
+                continue
+            try:
+                applied = await tool.applied(call.effect_key)
+            except Exception:
+                log.exception(
+                    "turn %s: could not ask %s about %s", turn_id, call.tool, call.effect_key
+                )
+                continue
+            async with connect(self.engine) as conn:
+                done = await db.append_reconciled(
+                    conn,
+                    turn_id=turn_id,
+                    data={
+                        "index": call.index,
+                        "tool": call.tool,
+                        "effectKey": call.effect_key,
+                        "applied": applied,
+                        "by": self.owner,
+                    },
+                )
+            if done is db.Appended.APPENDED:
+                saved += 1
+                self.bus.committed(events[0].session_id)
+        return saved
+
+    async def catch_up(self) -> int:
+        """Settle interrupted turns a stopped process left unsettled."""
+        async with connect(self.engine) as conn:
+            turn_ids = await db.unsettled_turns(conn)
+        return sum([await self.reconcile(t) for t in turn_ids])

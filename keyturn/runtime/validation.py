@@ -1,0 +1,90 @@
+"""Checking what a client asks for before anything is written: a submission's
+fields, with its defaults resolved and its fingerprint, and the shared checks
+(ids, keys) that every keyed decision uses."""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+import uuid
+from dataclasses import dataclass
+
+from keyturn.domain import History
+from keyturn.errors import InvalidRequest
+
+MAX_KEY_CHARS = 255
+MAX_INPUT_BYTES = 64 * 1024
+
+
+def parse_uuid(value: str, *, field: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except (ValueError, AttributeError, TypeError):
+        raise InvalidRequest(field, f"{field} must be a UUID") from None
+
+
+def _utf8(value: str, field: str) -> bytes:
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(field, f"{field} is not valid Unicode text") from None
+
+
+def check_key(key: str) -> None:
+    if key == "":
+        raise InvalidRequest("idempotencyKey", "idempotencyKey must not be empty")
+    if len(key) > MAX_KEY_CHARS:
+        raise InvalidRequest(
+            "idempotencyKey", f"idempotencyKey must be at most {MAX_KEY_CHARS} characters"
+        )
+    _utf8(key, "idempotencyKey")
+    if any(unicodedata.category(ch) == "Cc" for ch in key):
+        raise InvalidRequest("idempotencyKey", "idempotencyKey must not contain control characters")
+
+
+def check_input(text: str) -> bytes:
+    if text == "":
+        raise InvalidRequest("input", "input must not be empty")
+    raw = _utf8(text, "input")
+    if len(raw) > MAX_INPUT_BYTES:
+        raise InvalidRequest(
+            "input", f"input must be at most {MAX_INPUT_BYTES} bytes of UTF-8 (got {len(raw)})"
+        )
+    if "\x00" in text:
+        # PostgreSQL text cannot hold NUL; refusing beats silently altering it.
+        raise InvalidRequest("input", "input must not contain the NUL character")
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """A submission as the client sent it; ``history`` None means "the session's default"."""
+
+    session_id: uuid.UUID
+    idempotency_key: str
+    input: str
+    history: History | None
+
+    @classmethod
+    def parse(
+        cls, *, session_id: str, idempotency_key: str, input: str, history: History | None
+    ) -> TurnRequest:
+        sid = parse_uuid(session_id, field="sessionId")
+        check_key(idempotency_key)
+        check_input(input)
+        return cls(sid, idempotency_key, input, history)
+
+    def effective_history(self, default: History) -> History:
+        return self.history if self.history is not None else default
+
+
+def fingerprint(*, input: str, history: History) -> str:
+    """Hash of the effective request. The input's exact UTF-8 bytes go in:
+    no trimming, no Unicode normalisation, so any byte of difference is a
+    different request."""
+    digest = hashlib.sha256()
+    digest.update(b"keyturn/turn/v1\x00")
+    digest.update(history.value.encode())
+    digest.update(b"\x00")
+    digest.update(input.encode("utf-8"))
+    return digest.hexdigest()

@@ -1,0 +1,111 @@
+"""Every long-lived task of a process is watched: one that dies is logged and
+started again, and while it is down /readyz says 503 and names it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from keyturn.http import metrics
+from tests.support import InProcessServer
+
+
+class Boom(RuntimeError):
+    """An error no background task expects."""
+
+
+def fail_once(original: Callable[..., Any]) -> tuple[Callable[..., Any], list[int]]:
+    """A stand-in that raises the first time it is called, then behaves."""
+    calls: list[int] = []
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise Boom("injected failure")
+        return original(*args, **kwargs)
+
+    return wrapper, calls
+
+
+def break_task(name: str, runtime: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make one step of the named task fail once, and make that step happen."""
+    if name == "worker":
+        wrapper, calls = fail_once(runtime.worker._claim)
+        monkeypatch.setattr(runtime.worker, "_claim", wrapper)
+        runtime.worker.wake()
+    elif name == "bus-poll":
+        wrapper, calls = fail_once(runtime.bus._poll_once)
+        monkeypatch.setattr(runtime.bus, "_poll_once", wrapper)
+    elif name == "listener":
+        # The connection is lost and opening it again fails in a way the
+        # listener does not expect.
+        wrapper, calls = fail_once(runtime.listener._connect)
+        monkeypatch.setattr(runtime.listener, "_connect", wrapper)
+        runtime.listener._lost.set()
+    elif name == "notifier":
+        wrapper, calls = fail_once(runtime.listener._send)
+        monkeypatch.setattr(runtime.listener, "_send", wrapper)
+        runtime.listener.wake(uuid.uuid4())
+    elif name == "auth-watch":
+        auth = next(
+            getattr(spec.run, "__self__", None)
+            for spec in runtime.supervisor._tasks.values()
+            if spec.name == "auth-watch"
+        )
+        wrapper, calls = fail_once(auth._recheck)
+        monkeypatch.setattr(auth, "_recheck", wrapper)
+    elif name == "metrics-sampler":
+        wrapper, calls = fail_once(metrics.sample)
+        monkeypatch.setattr(metrics, "sample", wrapper)
+    else:
+        raise AssertionError(name)
+    return calls
+
+
+TASKS = ["worker", "bus-poll", "listener", "notifier", "auth-watch", "metrics-sampler"]
+
+
+def test_every_background_task_is_supervised(server: InProcessServer) -> None:
+    assert sorted(server.app.state.runtime.supervisor.restarts()) == sorted(TASKS)
+
+
+@pytest.mark.parametrize("name", TASKS)
+async def test_a_task_that_dies_is_restarted_and_readyz_names_it_meanwhile(
+    name: str,
+    server: InProcessServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runtime = server.app.state.runtime
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        assert (await http.get("/readyz")).status_code == 200
+        with caplog.at_level(logging.ERROR, logger="keyturn.runtime.supervisor"):
+            calls = break_task(name, runtime, monkeypatch)
+            seen_down = None
+            deadline = time.monotonic() + 15
+            while seen_down is None and time.monotonic() < deadline:
+                answer = await http.get("/readyz")
+                if answer.status_code == 503:
+                    seen_down = answer.json()
+                await asyncio.sleep(0.02)
+        assert seen_down is not None, f"{name} never showed as down"
+        assert seen_down["down"] == [name]
+        assert f"background task {name} died" in caplog.text
+        assert "Boom: injected failure" in caplog.text
+
+        # Started again: it runs its step once more, and the process is ready.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if len(calls) >= 2 and (await http.get("/readyz")).status_code == 200:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"{name} did not recover: {(await http.get('/readyz')).text}")
+    assert runtime.supervisor.restarts()[name] == 1
