@@ -124,7 +124,7 @@ class FixtureModel:
         if history:
             lines.append(f"history: {len(history)} earlier turn(s), digest {_digest(history)}")
             for n, past in enumerate(history, 1):
-                mark = "" if past.status is TurnStatus.COMPLETED else f" [{past.status.lower()}]"
+                mark = "" if past.status == TurnStatus.COMPLETED else f" [{past.status.lower()}]"
                 lines.append(f"  {n}. {past.input}{mark}")
         else:
             lines.append("history: none")

@@ -46,7 +46,9 @@ async def test_replacement_after_a_clean_stop_finds_everything_and_runs_what_was
         for t in [long, *queued]:
             done = await client.wait_for_status(t["turn"]["id"], {"COMPLETED"})
             assert done["status"] == "COMPLETED"
-        types = [e["type"] for e in (await client.turn(long["turn"]["id"]))["events"]]
+        seen = await client.turn(long["turn"]["id"])
+        assert seen is not None
+        types = [e["type"] for e in seen["events"]]
         assert types == [
             "turn.started",
             "turn.running",
@@ -106,7 +108,9 @@ async def test_a_clean_stop_does_not_hand_back_a_turn_whose_tool_ran(
     sid = await client.create_session()
     turn = (await client.submit(sid, "t", "/sleep 6000 /write colour=blue"))["turn"]
     for _ in range(200):
-        types = [e["type"] for e in (await client.turn(turn["id"]))["events"]]
+        seen = await client.turn(turn["id"])
+        assert seen is not None
+        types = [e["type"] for e in seen["events"]]
         if "tool.result" in types:
             break
         await asyncio.sleep(0.05)

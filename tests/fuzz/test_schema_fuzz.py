@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis.core.result import Ok
 
 from tests import figures
 from tests.support import start_server_process, stop_process
@@ -57,6 +58,9 @@ def fuzz(base_url: str) -> dict[str, Any]:
     schema = schemathesis.graphql.from_url(f"{base_url}/graphql")
     found: dict[str, Any] = {"tried": 0, "server_errors": [], "operations": {}}
     for result in schema.get_all_operations():
+        assert isinstance(result, Ok), (
+            f"the schema has an operation schemathesis cannot use: {result}"
+        )
         fuzz_operation(schema, result.ok(), base_url, found)
     return found
 

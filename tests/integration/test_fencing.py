@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from keyturn.db import leases
 from keyturn.db.engine import connect, create_engine
-from keyturn.domain import History
+from keyturn.domain import EventType, History, TurnStatus
 from keyturn.runtime.admission import AdmissionOutcome, admit_turn
 from keyturn.runtime.validation import TurnRequest
 from tests.support import GraphQLClient, InProcessServer, admin
@@ -51,8 +51,8 @@ async def test_a_stale_owners_write_is_refused_and_recorded(engine: AsyncEngine,
             conn,
             turn_id=turn_id,
             epoch=1,
-            status="COMPLETED",
-            event_type="turn.completed",
+            status=TurnStatus.COMPLETED,
+            event_type=EventType.TURN_COMPLETED,
             output="late",
             error=None,
             data={},
@@ -89,8 +89,8 @@ async def test_a_new_claim_fences_out_the_previous_epoch(engine: AsyncEngine, db
                 conn,
                 turn_id=turn_id,
                 epoch=1,
-                status="COMPLETED",
-                event_type="turn.completed",
+                status=TurnStatus.COMPLETED,
+                event_type=EventType.TURN_COMPLETED,
                 output="from a",
                 error=None,
                 data={},
@@ -101,8 +101,8 @@ async def test_a_new_claim_fences_out_the_previous_epoch(engine: AsyncEngine, db
             conn,
             turn_id=turn_id,
             epoch=2,
-            status="COMPLETED",
-            event_type="turn.completed",
+            status=TurnStatus.COMPLETED,
+            event_type=EventType.TURN_COMPLETED,
             output="from b",
             error=None,
             data={},
@@ -182,8 +182,8 @@ async def test_writers_lock_the_session_before_the_turn(
                     conn,
                     turn_id=turn_id,
                     epoch=claimed.epoch,
-                    status="COMPLETED",
-                    event_type="turn.completed",
+                    status=TurnStatus.COMPLETED,
+                    event_type=EventType.TURN_COMPLETED,
                     output="done",
                     error=None,
                     data={},

@@ -59,6 +59,7 @@ def break_task(name: str, runtime: Any, monkeypatch: pytest.MonkeyPatch) -> list
             for spec in runtime.supervisor._tasks.values()
             if spec.name == "auth-watch"
         )
+        assert auth is not None
         wrapper, calls = fail_once(auth._recheck)
         monkeypatch.setattr(auth, "_recheck", wrapper)
     elif name == "metrics-sampler":

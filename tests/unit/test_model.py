@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from keyturn.domain import TurnStatus
 from keyturn.errors import ModelError
 from keyturn.runtime.model import FixtureModel, PastTurn
 
 
 async def test_same_input_and_history_give_the_same_output() -> None:
     model = FixtureModel()
-    history = [PastTurn("a", "out a", "COMPLETED"), PastTurn("b", None, "INTERRUPTED")]
+    history = [
+        PastTurn("a", "out a", TurnStatus.COMPLETED),
+        PastTurn("b", None, TurnStatus.INTERRUPTED),
+    ]
     first = await model.reply(input="q", history=history)
     again = await model.reply(input="q", history=list(history))
     assert first == again
