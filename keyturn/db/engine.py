@@ -24,6 +24,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from keyturn.db.failures import DRIVER_ERRORS, is_unavailable
 from keyturn.errors import DatabaseUnavailable
 
+# What the layers above pass around: the pool. They only hand it back to
+# ``connect`` (and dispose of it), so they need not know whose pool it is.
+Engine = AsyncEngine
+
 
 def sqlalchemy_url(url: str) -> str:
     """``postgresql://…`` (what people paste) → the asyncpg driver form."""

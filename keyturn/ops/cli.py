@@ -18,7 +18,7 @@ from keyturn import logs
 from keyturn.settings import Settings
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncEngine
+    from keyturn.db.engine import Engine
 
 T = TypeVar("T")
 
@@ -37,7 +37,7 @@ async def _upgrade(url: str) -> None:
     await _on_engine(url, upgrade)
 
 
-async def _on_engine(url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+async def _on_engine(url: str, fn: Callable[[Engine], Awaitable[T]]) -> T:
     from keyturn.db.engine import create_engine
 
     engine = create_engine(url, pool_size=1)

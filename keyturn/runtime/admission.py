@@ -9,10 +9,8 @@ import uuid
 from dataclasses import dataclass
 from enum import Enum
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from keyturn.db import admission as db
-from keyturn.db.engine import connect
+from keyturn.db.engine import Engine, connect
 from keyturn.db.records import TurnRecord
 from keyturn.domain import History
 from keyturn.errors import DatabaseUnavailable, OutcomeUnknown
@@ -43,7 +41,7 @@ def _judge(existing: TurnRecord, fp: str) -> Admission:
 
 async def admit_turn(
     *,
-    engine: AsyncEngine,
+    engine: Engine,
     request: TurnRequest,
     tenant: str = "",
     stats: Stats | None = None,
@@ -72,7 +70,7 @@ async def admit_turn(
     return admission
 
 
-async def _admit(*, engine: AsyncEngine, request: TurnRequest, tenant: str) -> Admission:
+async def _admit(*, engine: Engine, request: TurnRequest, tenant: str) -> Admission:
     """Admit ``request`` or say which turn already holds its key.
 
     A key that already names a turn is answered from one read and writes
@@ -126,7 +124,7 @@ async def _admit(*, engine: AsyncEngine, request: TurnRequest, tenant: str) -> A
 
 
 async def _settle_unknown(
-    engine: AsyncEngine, request: TurnRequest, turn_id: uuid.UUID, fp: str
+    engine: Engine, request: TurnRequest, turn_id: uuid.UUID, fp: str
 ) -> Admission:
     log.warning(
         "admission outcome unknown; re-reading key on a fresh connection",

@@ -17,10 +17,8 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from keyturn.db import tokens
-from keyturn.db.engine import connect
+from keyturn.db.engine import Engine, connect
 from keyturn.db.tokens import TokenInfo
 from keyturn.errors import DatabaseUnavailable
 
@@ -37,7 +35,7 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-async def create_token(engine: AsyncEngine, *, name: str, tenant: str | None = None) -> str:
+async def create_token(engine: Engine, *, name: str, tenant: str | None = None) -> str:
     """Store a new token and return its secret (the only time it is seen)."""
     secret = new_secret()
     async with connect(engine) as conn:
@@ -45,17 +43,17 @@ async def create_token(engine: AsyncEngine, *, name: str, tenant: str | None = N
     return secret
 
 
-async def list_tokens(engine: AsyncEngine) -> list[TokenInfo]:
+async def list_tokens(engine: Engine) -> list[TokenInfo]:
     async with connect(engine) as conn:
         return await tokens.list_all(conn)
 
 
-async def revoke_token(engine: AsyncEngine, *, name: str) -> bool:
+async def revoke_token(engine: Engine, *, name: str) -> bool:
     async with connect(engine) as conn:
         return await tokens.revoke(conn, name=name)
 
 
-async def tokens_exist(engine: AsyncEngine) -> bool:
+async def tokens_exist(engine: Engine) -> bool:
     async with connect(engine) as conn:
         return await tokens.any_exist(conn)
 
@@ -64,7 +62,7 @@ Closer = Callable[[], Awaitable[None]]
 
 
 class Authenticator:
-    def __init__(self, engine: AsyncEngine, *, recheck_s: float = 2.0) -> None:
+    def __init__(self, engine: Engine, *, recheck_s: float = 2.0) -> None:
         self._engine = engine
         self._recheck_s = recheck_s
         self._required: tuple[float, bool] | None = None

@@ -22,10 +22,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, TypeVar, cast
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from keyturn.db import reads
-from keyturn.db.engine import connect
+from keyturn.db.engine import Engine, connect
 from keyturn.db.records import EventRecord
 from keyturn.errors import DatabaseUnavailable
 
@@ -93,7 +91,7 @@ class _Channel:
 
 
 class EventBus:
-    def __init__(self, engine: AsyncEngine, *, poll_s: float) -> None:
+    def __init__(self, engine: Engine, *, poll_s: float) -> None:
         self._engine = engine
         self._poll_s = poll_s
         self._channels: dict[uuid.UUID, _Channel] = {}

@@ -12,10 +12,8 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from keyturn.db import reads as db_reads
-from keyturn.db.engine import asyncpg_dsn, connect, create_engine
+from keyturn.db.engine import Engine, asyncpg_dsn, connect, create_engine
 from keyturn.db.listener import Listener
 from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
 from keyturn.domain import History
@@ -46,7 +44,7 @@ class Runtime:
     def __init__(
         self,
         *,
-        engine: AsyncEngine,
+        engine: Engine,
         settings: Settings,
         database_url: str,
         model: Model | None = None,

@@ -9,16 +9,14 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from keyturn.db import reads
-from keyturn.db.engine import connect
+from keyturn.db.engine import Engine, connect
 from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
 from keyturn.runtime.ledger import ToolCallView, tool_calls
 
 
 class Reads:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     async def session(self, session_id: uuid.UUID, *, tenant: str) -> SessionRecord | None:

@@ -9,11 +9,9 @@ import uuid
 from dataclasses import dataclass
 from enum import Enum
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from keyturn.db import reads
 from keyturn.db import resolutions as db
-from keyturn.db.engine import Conn, connect
+from keyturn.db.engine import Conn, Engine, connect
 from keyturn.db.records import ResolutionRecord, TurnRecord
 from keyturn.domain import ResolutionAction, TurnStatus
 from keyturn.runtime.ledger import ToolCallView, tool_calls, unsafe_unknown
@@ -64,9 +62,7 @@ class ResolutionResult:
     unsafe_call: ToolCallView | None = None
 
 
-async def resolve(
-    *, engine: AsyncEngine, request: ResolutionRequest, tenant: str
-) -> ResolutionResult:
+async def resolve(*, engine: Engine, request: ResolutionRequest, tenant: str) -> ResolutionResult:
     fp = request.fingerprint()
     async with connect(engine) as conn:
         found = await db.lookup(

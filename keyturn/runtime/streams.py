@@ -9,10 +9,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from keyturn.db import reads
-from keyturn.db.engine import connect
+from keyturn.db.engine import Engine, connect
 from keyturn.db.records import EventRecord, TurnRecord
 from keyturn.domain import TERMINAL_EVENTS, TERMINAL_STATUSES
 from keyturn.errors import NotFound
@@ -20,7 +18,7 @@ from keyturn.runtime.bus import EventBus
 
 
 async def session_events(
-    *, engine: AsyncEngine, bus: EventBus, tenant: str, session_id: uuid.UUID, after_seq: int
+    *, engine: Engine, bus: EventBus, tenant: str, session_id: uuid.UUID, after_seq: int
 ) -> AsyncIterator[EventRecord]:
     sub = bus.register(session_id, after_seq)
     try:
@@ -38,7 +36,7 @@ async def session_events(
 
 
 async def turn_completed(
-    *, engine: AsyncEngine, bus: EventBus, tenant: str, turn_id: uuid.UUID
+    *, engine: Engine, bus: EventBus, tenant: str, turn_id: uuid.UUID
 ) -> AsyncIterator[TurnRecord]:
     async with connect(engine) as conn:
         first = await reads.turn(conn, tenant=tenant, turn_id=turn_id)

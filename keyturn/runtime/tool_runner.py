@@ -25,11 +25,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from keyturn.db import leases, reads
 from keyturn.db import ledger as db
-from keyturn.db.engine import connect
+from keyturn.db.engine import Engine, connect
 from keyturn.db.records import TurnRecord
 from keyturn.domain import EventType, ToolCallState, ToolKind
 from keyturn.errors import (
@@ -75,7 +73,7 @@ class ToolRunner:
     def __init__(
         self,
         *,
-        engine: AsyncEngine,
+        engine: Engine,
         model: Model,
         bus: EventBus,
         tools: Tools,

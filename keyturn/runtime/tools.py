@@ -14,10 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from keyturn.db import synthetic_store as store
-from keyturn.db.engine import connect
+from keyturn.db.engine import Engine, connect
 from keyturn.domain import ToolKind
 from keyturn.errors import ToolError
 
@@ -46,7 +44,7 @@ class _StoreTool:
     name = ""
     kind = ToolKind.UNSAFE
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     async def applied(self, effect_key: str) -> bool:
@@ -122,7 +120,7 @@ class Tools:
         return tool.kind if tool is not None else ToolKind.UNSAFE
 
 
-def synthetic_tools(store_engine: AsyncEngine) -> Tools:
+def synthetic_tools(store_engine: Engine) -> Tools:
     return Tools(
         [SyntheticWrite(store_engine), SyntheticAppend(store_engine), SyntheticRead(store_engine)]
     )

@@ -18,10 +18,8 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from keyturn.db import leases
-from keyturn.db.engine import connect
+from keyturn.db.engine import Engine, connect
 from keyturn.db.records import TurnRecord
 from keyturn.domain import EventType, History, TurnStatus
 from keyturn.errors import DatabaseUnavailable, ModelError, StaleLease, ToolOutcomeUnknown
@@ -64,7 +62,7 @@ class Worker:
     def __init__(
         self,
         *,
-        engine: AsyncEngine,
+        engine: Engine,
         model: Model,
         bus: EventBus,
         settings: WorkerSettings,
