@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from keyturn.db.engine import Conn
     from keyturn.db.records import Row
 
-_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+# A ``:name`` parameter, or a quoted literal (left alone: ``'a:b'`` is text).
+# ``::type`` casts are not parameters.
+_PARAM = re.compile(r"'(?:[^']|'')*'|(?<![:\w]):([A-Za-z_]\w*)")
 
 
 class Statement:
@@ -33,6 +35,8 @@ class Statement:
         order: list[str] = []
 
         def number(match: re.Match[str]) -> str:
+            if match.group(1) is None:
+                return match.group(0)  # a literal
             if match.group(1) not in order:
                 order.append(match.group(1))
             return f"${order.index(match.group(1)) + 1}"

@@ -1,0 +1,38 @@
+"""The records the runtime reads have exactly their tables' columns, so the
+generated SELECT lists and the records cannot drift apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlmodel import SQLModel
+
+from keyturn.db.records import EventRecord, ResolutionRecord, SessionRecord, TurnRecord, names
+from keyturn.db.sql import Statement, columns
+from keyturn.db.tables import Event, Resolution, Session, Turn
+
+
+@pytest.mark.parametrize(
+    ("table", "record"),
+    [
+        (Session, SessionRecord),
+        (Turn, TurnRecord),
+        (Event, EventRecord),
+        (Resolution, ResolutionRecord),
+    ],
+)
+def test_a_record_has_its_tables_columns(table: type[SQLModel], record: type[Any]) -> None:
+    table_columns = {c.name for c in table.__table__.columns}  # type: ignore[attr-defined]
+    assert set(names(record)) == table_columns
+
+
+def test_select_lists_come_from_the_table() -> None:
+    assert columns(Event) == "id, session_id, turn_id, seq, type, data, created_at"
+    assert columns(Event, alias="e", prefix="e_").startswith("e.id AS e_id, e.session_id AS")
+
+
+def test_statement_numbers_named_parameters_once_each() -> None:
+    s = Statement("SELECT :a, :b, :a::text, ':not_a_param', x::int FROM t WHERE y = :b")
+    assert s.sql == "SELECT $1, $2, $1::text, ':not_a_param', x::int FROM t WHERE y = $2"
+    assert s.names == ("a", "b")
