@@ -26,13 +26,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any, TextIO
 
+from keyturn.domain import ToolCallState, ToolKind, TurnStatus
 from keyturn.ops.databases import throwaway_database
 from keyturn.ops.experiment.judging import CRASHED_CALL, summarize, verdict
 from keyturn.ops.experiment.rendering import Progress
 from keyturn.ops.serverproc import ServerProcess, start_server
 from keyturn.runtime.crash import POINTS
 
-KINDS = (("IDEMPOTENT", "/write"), ("UNSAFE", "/append"))
+KINDS = ((ToolKind.IDEMPOTENT, "/write"), (ToolKind.UNSAFE, "/append"))
 
 _TURN = """query($id: ID!) { turn(id: $id) { id status
   toolCalls { index tool kind state effectKey } } }"""
@@ -104,13 +105,13 @@ def _submit_all(server: ServerProcess, point: str, runs: int) -> list[tuple[str,
 
 def _settled(turn: dict[str, Any], crashed: bool) -> bool:
     if not crashed:
-        return bool(turn["status"] in ("COMPLETED", "FAILED"))
+        return bool(turn["status"] in (TurnStatus.COMPLETED, TurnStatus.FAILED))
     unknown = [
         c
         for c in turn["toolCalls"]
-        if c["state"] == "OUTCOME_UNKNOWN" and c["kind"] == "IDEMPOTENT"
+        if c["state"] == ToolCallState.OUTCOME_UNKNOWN and c["kind"] == ToolKind.IDEMPOTENT
     ]
-    return bool(turn["status"] == "INTERRUPTED" and not unknown)
+    return bool(turn["status"] == TurnStatus.INTERRUPTED and not unknown)
 
 
 def _observe(
