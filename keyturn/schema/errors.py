@@ -49,9 +49,19 @@ PUBLIC: dict[type[Exception], Public] = {
 }
 
 
+# graphql-core's own report of a client's mistake that surfaced as the cause
+# of another error: variables that do not coerce to their declared types
+# (a missing field, a wrong type, an unknown enum value, null for a non-null).
+CLIENT_MISTAKE = Public("BAD_USER_INPUT", retryable=False)
+
+
 def public(error: BaseException | None) -> Public | None:
+    """How a client sees ``error`` (an error's original cause), or None when
+    it is not the client's to see: decided by what the error is."""
     if error is None:
         return None
+    if isinstance(error, GraphQLError):
+        return CLIENT_MISTAKE
     for cls in type(error).__mro__:
         found = PUBLIC.get(cls)
         if found is not None:
