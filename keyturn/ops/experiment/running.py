@@ -89,7 +89,7 @@ def _store_counts(database_url: str, keys: list[str]) -> dict[str, int]:
 
 # -- the experiment -----------------------------------------------------------
 def _submit_all(server: ServerProcess, point: str, runs: int) -> list[tuple[str, str, int]]:
-    turns = []
+    turns: list[tuple[str, str, int]] = []
     for kind, directive in KINDS:
         for run in range(runs):
             sid = _gql(server, "mutation { createSession { id } }", {})["createSession"]["id"]
