@@ -180,8 +180,12 @@ class EventBus:
         if events:
             sub.cursor = events[-1].seq
             self.delivered += len(events)
-        if len(events) == PAGE:
-            sub.woken.set()  # there may be more: come straight back
+        if len(events) == PAGE or channel.stale:
+            # There may be more: a full page, or a window that stopped short
+            # of the table's end (a refresh reads at most CACHE_EVENTS) or was
+            # woken again meanwhile. Come straight back rather than wait for
+            # news that has already committed.
+            sub.woken.set()
         return events
 
     async def wait(self, sub: Subscriber) -> None:
