@@ -29,7 +29,7 @@ test: install
 # against a second PostgreSQL major version; the slower process-level
 # acceptance tests run once, in `make test`).
 test-db: install
-	$(VENV)/bin/pytest tests/integration
+	$(VENV)/bin/pytest tests/integration tests/migration
 
 lint: install
 	$(VENV)/bin/ruff check keyturn tests bench
