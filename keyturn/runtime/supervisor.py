@@ -2,12 +2,12 @@
 
 Each task (the worker's claim loop, the bus's safety-net poll, the listener
 and its notifier, the token watch, the metrics sampler) is a coroutine that
-runs until cancelled, handling the failures it expects (a database that does
-not answer) itself. One that dies anyway is logged with its traceback and
-started again after a backoff; from its death until it has run
-``settle_s`` without dying again it counts as down, and ``/readyz`` answers
-503 naming it, so a load balancer stops sending work to a process that
-cannot do it.
+runs until cancelled (or returns when its work is over), handling the
+failures it expects (a database that does not answer) itself. One that dies
+anyway is logged with its traceback and started again after a backoff; from
+its death until it has run ``settle_s`` without dying again it counts as
+down, and ``/readyz`` answers 503 naming it, so a load balancer stops
+sending work to a process that cannot do it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,6 @@ class _Task:
     running_since: float | None = None
     failed_at: float | None = None
     restarts: int = 0
-    failures: list[str] = field(default_factory=list)
 
 
 class Supervisor:
@@ -67,21 +66,23 @@ class Supervisor:
             spec.running_since = time.monotonic()
             try:
                 await spec.run()
-                reason = "returned"  # a long-lived task never should
-                log.error("background task %s returned; starting it again", spec.name)
             except asyncio.CancelledError:
                 raise
-            except Exception as error:
-                reason = type(error).__name__
+            except Exception:
                 log.exception(
                     "background task %s died; starting it again in %.1fs", spec.name, backoff
                 )
+            else:
+                # Finished on purpose (the worker's claim loop ends when the
+                # process drains): not restarted, not down.
+                spec.running_since = spec.failed_at = None
+                log.info("background task %s finished", spec.name)
+                return
             now = time.monotonic()
             lived = now - spec.running_since
             spec.running_since = None
             spec.failed_at = now
             spec.restarts += 1
-            spec.failures = [*spec.failures[-9:], reason]
             if lived > self.settle_s:
                 backoff = self.backoff_s  # it had been healthy: start over
             await asyncio.sleep(backoff)

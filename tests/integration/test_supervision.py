@@ -110,3 +110,19 @@ async def test_a_task_that_dies_is_restarted_and_readyz_names_it_meanwhile(
         else:
             raise AssertionError(f"{name} did not recover: {(await http.get('/readyz')).text}")
     assert runtime.supervisor.restarts()[name] == 1
+
+
+async def test_the_claim_loop_ending_on_drain_is_not_a_death(
+    server: InProcessServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = server.app.state.runtime
+    with caplog.at_level(logging.INFO, logger="keyturn.runtime.supervisor"):
+        runtime.drain()
+        deadline = time.monotonic() + 10
+        while "background task worker finished" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # a restart would come after 0.2 s
+    assert runtime.supervisor.restarts()["worker"] == 0
+    assert "died" not in caplog.text
+    assert runtime.supervisor.down() == []
