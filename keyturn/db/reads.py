@@ -44,10 +44,22 @@ _TURNS_AFTER = Statement(
     f"SELECT {columns(Turn)} FROM turns WHERE session_id = :session_id AND admit_seq > :after "
     "ORDER BY admit_seq LIMIT :limit"
 )
+_TURNS_BEFORE = Statement(
+    f"SELECT {columns(Turn)} FROM turns WHERE session_id = :session_id AND admit_seq < :before "
+    "ORDER BY admit_seq DESC LIMIT :limit"
+)
 _TURN_COUNT = Statement("SELECT count(*) FROM turns WHERE session_id = :session_id")
 _EVENTS_AFTER = Statement(
     f"SELECT {_EVENT_COLUMNS} FROM events WHERE session_id = :session_id AND seq > :after "
     "ORDER BY seq LIMIT :limit"
+)
+_EVENTS_BEFORE = Statement(
+    f"SELECT {_EVENT_COLUMNS} FROM events WHERE session_id = :session_id AND seq < :before "
+    "ORDER BY seq DESC LIMIT :limit"
+)
+_EVENT = Statement(
+    f"SELECT {columns(Event, alias='e')} FROM events e JOIN sessions s ON s.id = e.session_id "
+    "WHERE e.id = :id AND s.tenant = :tenant"
 )
 _TURN_EVENTS = Statement(
     f"SELECT {_EVENT_COLUMNS} FROM events WHERE turn_id = :turn_id ORDER BY seq"
@@ -109,6 +121,14 @@ async def turns_after(
     return [turn_from(r) for r in rows]
 
 
+async def turns_before(
+    conn: Conn, *, session_id: uuid.UUID, before: int, limit: int
+) -> list[TurnRecord]:
+    """The ``limit`` turns admitted just before ``before``, latest first."""
+    rows = await _TURNS_BEFORE.fetch(conn, session_id=session_id, before=before, limit=limit)
+    return [turn_from(r) for r in rows]
+
+
 async def turn_count(conn: Conn, *, session_id: uuid.UUID) -> int:
     return int(await _TURN_COUNT.fetchval(conn, session_id=session_id))
 
@@ -118,6 +138,19 @@ async def events_after(
 ) -> list[EventRecord]:
     rows = await _EVENTS_AFTER.fetch(conn, session_id=session_id, after=after, limit=limit)
     return [event_from(r) for r in rows]
+
+
+async def events_before(
+    conn: Conn, *, session_id: uuid.UUID, before: int, limit: int
+) -> list[EventRecord]:
+    """The ``limit`` events just before seq ``before``, latest first."""
+    rows = await _EVENTS_BEFORE.fetch(conn, session_id=session_id, before=before, limit=limit)
+    return [event_from(r) for r in rows]
+
+
+async def event(conn: Conn, *, tenant: str, event_id: int) -> EventRecord | None:
+    row = await _EVENT.fetchrow(conn, id=event_id, tenant=tenant)
+    return event_from(row) if row is not None else None
 
 
 async def turn_events(conn: Conn, *, turn_id: uuid.UUID) -> list[EventRecord]:

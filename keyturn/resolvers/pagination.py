@@ -1,4 +1,6 @@
-"""Relay-style paging: opaque cursors, ``first`` checked (never silently clamped)."""
+"""Relay-style paging (the cursor connections spec): opaque cursors, forward
+with ``first``/``after`` or backward with ``last``/``before``, counts checked
+(never silently clamped)."""
 
 from __future__ import annotations
 
@@ -20,39 +22,75 @@ class Page(Generic[T]):
     cursors: list[str]
     has_next: bool
     total: int
+    has_previous: bool = False
 
 
-def check_first(first: int) -> int:
+def check_first(first: int, name: str = "first") -> int:
     if first < 0:
-        raise InvalidArgument("first must not be negative")
+        raise InvalidArgument(f"{name} must not be negative")
     if first > MAX_FIRST:
-        raise InvalidArgument(f"first must be at most {MAX_FIRST} (got {first})")
+        raise InvalidArgument(f"{name} must be at most {MAX_FIRST} (got {first})")
     return first
+
+
+@dataclass(frozen=True, slots=True)
+class SeqWindow:
+    """Which part of a seq-ordered list a page asks for."""
+
+    backward: bool
+    cursor: int | None  # after (forward) or before (backward); None: from the start or end
+    limit: int
+
+
+def seq_window(
+    kind: str,
+    *,
+    first: int | None,
+    after: str | None,
+    last: int | None,
+    before: str | None,
+    default: int,
+) -> SeqWindow:
+    if last is None and before is None:
+        count = default if first is None else first
+        return SeqWindow(
+            False, decode_seq_cursor(kind, after) if after else None, check_first(count)
+        )
+    if first is not None or after is not None:
+        raise InvalidArgument(
+            "page forward with first/after or backward with last/before, not both at once"
+        )
+    count = default if last is None else last
+    return SeqWindow(
+        True,
+        decode_seq_cursor(kind, before, "before") if before else None,
+        check_first(count, "last"),
+    )
 
 
 def _encode(raw: str) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def _decode(cursor: str) -> str:
+def _decode(cursor: str, name: str = "after") -> str:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         return base64.urlsafe_b64decode(padded.encode()).decode()
     except (ValueError, UnicodeError):
-        raise InvalidArgument("after is not a cursor this API gave out") from None
+        raise InvalidArgument(f"{name} is not a cursor this API gave out") from None
 
 
 def seq_cursor(kind: str, seq: int) -> str:
     return _encode(f"{kind}:{seq}")
 
 
-def decode_seq_cursor(kind: str, cursor: str | None) -> int:
+def decode_seq_cursor(kind: str, cursor: str | None, name: str = "after") -> int:
     if cursor is None:
         return 0
-    raw = _decode(cursor)
+    raw = _decode(cursor, name)
     prefix, _, value = raw.partition(":")
     if prefix != kind or not value.isdigit():
-        raise InvalidArgument("after is not a cursor this API gave out")
+        raise InvalidArgument(f"{name} is not a cursor this API gave out")
     return int(value)
 
 

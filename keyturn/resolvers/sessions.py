@@ -11,9 +11,9 @@ from keyturn.resolvers.context import Context
 from keyturn.resolvers.pagination import (
     Page,
     check_first,
-    decode_seq_cursor,
     decode_session_cursor,
     seq_cursor,
+    seq_window,
     session_cursor,
 )
 
@@ -43,31 +43,94 @@ async def list_sessions(ctx: Context, *, first: int, after: str | None) -> Page[
     rows, total = await ctx.runtime.reads.sessions(tenant=ctx.tenant, after=cursor, limit=limit + 1)
     items = rows[:limit]
     return Page(
-        items, [session_cursor(s.created_at, s.id) for s in items], len(rows) > limit, total
+        items,
+        [session_cursor(s.created_at, s.id) for s in items],
+        has_next=len(rows) > limit,
+        total=total,
+        has_previous=cursor is not None,
     )
+
+
+# No seq is this high: "before the end" of a session.
+_END = 2**63 - 1
 
 
 async def session_turns(
-    ctx: Context, *, session_id: uuid.UUID, first: int, after: str | None
+    ctx: Context,
+    *,
+    session_id: uuid.UUID,
+    first: int | None,
+    after: str | None,
+    last: int | None = None,
+    before: str | None = None,
 ) -> Page[TurnRecord]:
-    limit = check_first(first)
-    cursor = decode_seq_cursor("turn", after)
-    rows, total = await ctx.runtime.reads.turns(
-        session_id=session_id, after=cursor, limit=limit + 1
+    window = seq_window("turn", first=first, after=after, last=last, before=before, default=20)
+    reads = ctx.runtime.reads
+    if window.backward:
+        rows, total = await reads.turns_before(
+            session_id=session_id,
+            before=_END if window.cursor is None else window.cursor,
+            limit=window.limit + 1,
+        )
+        items = rows[: window.limit][::-1]
+        return Page(
+            items,
+            [seq_cursor("turn", t.admit_seq) for t in items],
+            has_next=window.cursor is not None,
+            total=total,
+            has_previous=len(rows) > window.limit,
+        )
+    rows, total = await reads.turns(
+        session_id=session_id, after=window.cursor or 0, limit=window.limit + 1
     )
-    items = rows[:limit]
-    return Page(items, [seq_cursor("turn", t.admit_seq) for t in items], len(rows) > limit, total)
+    items = rows[: window.limit]
+    return Page(
+        items,
+        [seq_cursor("turn", t.admit_seq) for t in items],
+        has_next=len(rows) > window.limit,
+        total=total,
+        has_previous=bool(window.cursor),
+    )
 
 
 async def session_events(
-    ctx: Context, *, session_id: uuid.UUID, event_count: int, first: int, after: str | None
+    ctx: Context,
+    *,
+    session_id: uuid.UUID,
+    event_count: int,
+    first: int | None,
+    after: str | None,
+    last: int | None = None,
+    before: str | None = None,
 ) -> Page[EventRecord]:
-    limit = check_first(first)
-    cursor = decode_seq_cursor("event", after)
-    rows = await ctx.runtime.reads.events(session_id=session_id, after=cursor, limit=limit + 1)
-    items = rows[:limit]
+    window = seq_window("event", first=first, after=after, last=last, before=before, default=100)
+    reads = ctx.runtime.reads
     # seq is gapless, so the session's counter is its number of events.
-    return Page(items, [seq_cursor("event", e.seq) for e in items], len(rows) > limit, event_count)
+    if window.backward:
+        rows = await reads.events_before(
+            session_id=session_id,
+            before=_END if window.cursor is None else window.cursor,
+            limit=window.limit + 1,
+        )
+        items = rows[: window.limit][::-1]
+        return Page(
+            items,
+            [seq_cursor("event", e.seq) for e in items],
+            has_next=window.cursor is not None,
+            total=event_count,
+            has_previous=len(rows) > window.limit,
+        )
+    rows = await reads.events(
+        session_id=session_id, after=window.cursor or 0, limit=window.limit + 1
+    )
+    items = rows[: window.limit]
+    return Page(
+        items,
+        [seq_cursor("event", e.seq) for e in items],
+        has_next=len(rows) > window.limit,
+        total=event_count,
+        has_previous=bool(window.cursor),
+    )
 
 
 def check_after_seq(after_seq: int) -> int:

@@ -42,9 +42,30 @@ class Reads:
             page = await reads.turns_after(conn, session_id=session_id, after=after, limit=limit)
             return page, await reads.turn_count(conn, session_id=session_id)
 
+    async def turns_before(
+        self, *, session_id: uuid.UUID, before: int, limit: int
+    ) -> tuple[list[TurnRecord], int]:
+        """The turns just before ``before``, latest first, and the session's count."""
+        async with connect(self.engine) as conn:
+            page = await reads.turns_before(conn, session_id=session_id, before=before, limit=limit)
+            return page, await reads.turn_count(conn, session_id=session_id)
+
     async def events(self, *, session_id: uuid.UUID, after: int, limit: int) -> list[EventRecord]:
         async with connect(self.engine) as conn:
             return await reads.events_after(conn, session_id=session_id, after=after, limit=limit)
+
+    async def events_before(
+        self, *, session_id: uuid.UUID, before: int, limit: int
+    ) -> list[EventRecord]:
+        """The events just before seq ``before``, latest first."""
+        async with connect(self.engine) as conn:
+            return await reads.events_before(
+                conn, session_id=session_id, before=before, limit=limit
+            )
+
+    async def event(self, event_id: int, *, tenant: str) -> EventRecord | None:
+        async with connect(self.engine) as conn:
+            return await reads.event(conn, tenant=tenant, event_id=event_id)
 
     async def turn_events(self, turn_id: uuid.UUID) -> list[EventRecord]:
         async with connect(self.engine) as conn:

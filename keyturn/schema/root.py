@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator
 
 import strawberry
 
-from keyturn.resolvers import resolutions, sessions, streams, turns
+from keyturn.resolvers import nodes, resolutions, sessions, streams, turns
 from keyturn.schema.context import Info
 from keyturn.schema.enums import History
 from keyturn.schema.errors import answers_invalid_input
@@ -21,7 +21,7 @@ from keyturn.schema.resolution import (
     from_resolution,
 )
 from keyturn.schema.results import SubmitTurnResult, from_admission
-from keyturn.schema.types import Event, Session, SessionConnection, Turn
+from keyturn.schema.types import Event, Node, Session, SessionConnection, Turn, node_from_record
 
 
 @strawberry.type
@@ -44,6 +44,16 @@ class Query:
     async def turn(self, info: Info, id: strawberry.ID) -> Turn | None:
         found = await turns.get_turn(info.context, turn_id=id)
         return Turn.from_record(found) if found is not None else None
+
+    @strawberry.field(description="Any session, turn or event by its id; null if none.")  # type: ignore[untyped-decorator]
+    async def node(self, info: Info, id: strawberry.ID) -> Node | None:
+        found = await nodes.node(info.context, id=id)
+        return node_from_record(found) if found is not None else None
+
+    @strawberry.field(description="Several nodes at once (at most 100), in the order asked.")  # type: ignore[untyped-decorator]
+    async def nodes(self, info: Info, ids: list[strawberry.ID]) -> list[Node | None]:
+        found = await nodes.nodes(info.context, ids=ids)
+        return [node_from_record(f) if f is not None else None for f in found]
 
 
 @strawberry.type

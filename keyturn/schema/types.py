@@ -1,4 +1,5 @@
-"""Object types: Session, Turn, Event and their connections."""
+"""Object types: Session, Turn, Event (each a Relay ``Node``) and their
+connections (the Relay cursor connections spec)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,21 @@ from keyturn.schema.enums import History, TurnStatus
 from keyturn.schema.tool_calls import ToolCall
 
 
+@strawberry.interface(
+    description="An object with an id unique across all types: Query.node(id) finds it again."
+)
+class Node:
+    id: strawberry.ID
+
+
 @strawberry.type
 class PageInfo:
     has_next_page: bool
+    has_previous_page: bool = strawberry.field(
+        description="Paging forward: whether there is anything before `after` (true for any "
+        "cursor). Paging backward: whether there is more before this page."
+    )
+    start_cursor: str | None
     end_cursor: str | None
 
 
@@ -34,13 +47,16 @@ def _pairs(page: Page[T]) -> list[tuple[str, T]]:
 
 def _page_info(page: Page[Any]) -> PageInfo:
     return PageInfo(
-        has_next_page=page.has_next, end_cursor=page.cursors[-1] if page.cursors else None
+        has_next_page=page.has_next,
+        has_previous_page=page.has_previous,
+        start_cursor=page.cursors[0] if page.cursors else None,
+        end_cursor=page.cursors[-1] if page.cursors else None,
     )
 
 
 @strawberry.type
-class Event:
-    id: strawberry.ID
+class Event(Node):
+    id: strawberry.ID = strawberry.field(description="A number, unique across all sessions.")
     session_id: strawberry.ID
     turn_id: strawberry.ID | None
     seq: int = strawberry.field(description="Per session: 1, 2, 3 … gapless, commit-ordered.")
@@ -82,8 +98,8 @@ class EventConnection:
 
 
 @strawberry.type
-class Turn:
-    id: strawberry.ID
+class Turn(Node):
+    id: strawberry.ID = strawberry.field(description="A UUID.")
     session_id: strawberry.ID
     idempotency_key: str
     input: str
@@ -155,7 +171,7 @@ class TurnConnection:
 
 
 @strawberry.type
-class Session:
+class Session(Node):
     id: strawberry.ID = strawberry.field(description="A UUID.")
     created_at: datetime
     default_history: History
@@ -172,25 +188,43 @@ class Session:
             _id=s.id,
         )
 
-    @strawberry.field
+    @strawberry.field(  # type: ignore[untyped-decorator]
+        description="In admission order: forward with first/after (20 by default), or the "
+        "latest with last/before."
+    )
     async def turns(
-        self, info: Info, first: int | None = 20, after: str | None = None
+        self,
+        info: Info,
+        first: int | None = None,
+        after: str | None = None,
+        last: int | None = None,
+        before: str | None = None,
     ) -> TurnConnection:
         page = await session_resolvers.session_turns(
-            info.context, session_id=self._id, first=20 if first is None else first, after=after
+            info.context, session_id=self._id, first=first, after=after, last=last, before=before
         )
         return TurnConnection.from_page(page)
 
-    @strawberry.field
+    @strawberry.field(  # type: ignore[untyped-decorator]
+        description="In seq order: forward with first/after (100 by default), or the latest "
+        "with last/before."
+    )
     async def events(
-        self, info: Info, first: int | None = 100, after: str | None = None
+        self,
+        info: Info,
+        first: int | None = None,
+        after: str | None = None,
+        last: int | None = None,
+        before: str | None = None,
     ) -> EventConnection:
         page = await session_resolvers.session_events(
             info.context,
             session_id=self._id,
             event_count=self.event_count,
-            first=100 if first is None else first,
+            first=first,
             after=after,
+            last=last,
+            before=before,
         )
         return EventConnection.from_page(page)
 
@@ -211,3 +245,11 @@ class SessionConnection:
     def from_page(cls, page: Page[SessionRecord]) -> SessionConnection:
         edges = [SessionEdge(cursor=c, node=Session.from_record(x)) for c, x in _pairs(page)]
         return cls(edges=edges, page_info=_page_info(page), total_count=page.total)
+
+
+def node_from_record(record: SessionRecord | TurnRecord | EventRecord) -> Node:
+    if isinstance(record, SessionRecord):
+        return Session.from_record(record)
+    if isinstance(record, TurnRecord):
+        return Turn.from_record(record)
+    return Event.from_record(record)

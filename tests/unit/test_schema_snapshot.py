@@ -22,8 +22,20 @@ def test_contract_names_are_present() -> None:
         "interface UserError",
         "turnCompleted(turnId: ID!): Turn!",
         "sessionEvents(sessionId: ID!, afterSeq: Int = 0): Event!",
-        "turns(first: Int = 20, after: String = null): TurnConnection!",
-        "events(first: Int = 100, after: String = null): EventConnection!",
+        # No default in the SDL for first: it may be left out for last/before;
+        # left out with no last either, it is 20 (turns) or 100 (events).
+        "turns(first: Int = null, after: String = null, last: Int = null, before: String = null)"
+        ": TurnConnection!",
+        "events(first: Int = null, after: String = null, last: Int = null, before: String = null)"
+        ": EventConnection!",
+        "interface Node {\n  id: ID!\n}",
+        "type Session implements Node",
+        "type Turn implements Node",
+        "type Event implements Node",
+        "node(id: ID!): Node",
+        "nodes(ids: [ID!]!): [Node]!",
+        "hasPreviousPage: Boolean!",
+        "startCursor: String",
         "sessions(first: Int = 20, after: String = null): SessionConnection!",
         "enum TurnStatus {\n  QUEUED\n  RUNNING\n  COMPLETED\n  FAILED\n  INTERRUPTED\n}",
         "enum ErrorCode {\n  IDEMPOTENCY_CONFLICT\n  SESSION_NOT_FOUND\n  INVALID_INPUT\n",
