@@ -126,6 +126,7 @@ const el = {
   timeline: $("timeline"),
   timelineEmpty: $("timeline-empty"),
   liveState: $("live-state"),
+  tokenStatus: $("token-status"),
   graphiql: $("graphiql-link"),
 };
 
@@ -133,6 +134,8 @@ const state = {
   session: null, // { id, createdAt, defaultHistory, eventCount }
   events: new Map(), // seq -> event, for the open session
   maxSeq: 0,
+  serverCount: 0, // the session's eventCount, as last read from the server
+  countBefore: null, // the count when the answered request was sent
   statuses: new Map(), // turnId -> latest status seen
   stopEvents: null,
   stopTurn: null,
@@ -142,19 +145,48 @@ const state = {
 
 // ---------------------------------------------------------------- transport
 
+// Why a request got no data: "unreachable" (no answer at all), "no-token"
+// (the server wants a token and none was sent), "token-refused" (one was sent
+// and the server refused it).
+class RequestProblem extends Error {
+  constructor(kind, message) {
+    super(message);
+    this.kind = kind;
+  }
+}
+
 async function gql(query, variables = {}) {
-  const response = await fetch("graphql", {
-    method: "POST",
-    headers: {
-      "content-type": "application/json",
-      accept: "application/json",
-      ...(token() ? { authorization: `Bearer ${token()}` } : {}),
-    },
-    body: JSON.stringify({ query, variables }),
-  });
+  const sent = token();
+  let response;
+  try {
+    response = await fetch("graphql", {
+      method: "POST",
+      headers: {
+        "content-type": "application/json",
+        accept: "application/json",
+        ...(sent ? { authorization: `Bearer ${sent}` } : {}),
+      },
+      body: JSON.stringify({ query, variables }),
+    });
+  } catch {
+    throw new RequestProblem(
+      "unreachable",
+      "The server did not answer: it may be down or restarting, or the answer was lost.",
+    );
+  }
   if (response.status === 401) {
+    // The server says "missing or invalid API token" either way; what was sent tells which.
     document.getElementById("token-box").open = true;
-    throw new Error("this server needs an API token: paste one under \"API token\"");
+    throw sent
+      ? new RequestProblem(
+          "token-refused",
+          "Token refused: the server does not accept the API token kept in this browser. " +
+            'Paste a valid one under "API token".',
+        )
+      : new RequestProblem(
+          "no-token",
+          'This server needs an API token and none is set: paste one under "API token".',
+        );
   }
   const body = await response.json();
   if (body.errors && body.errors.length) {
@@ -279,6 +311,8 @@ async function loadSessions() {
     after = data.sessions.pageInfo.endCursor;
   }
   all.reverse(); // newest first
+  delete el.sessionSelect.dataset.problem;
+  el.tokenStatus.textContent = "";
   const current = state.session && state.session.id;
   if (current && !all.some((s) => s.id === current)) all.unshift(state.session);
   el.sessionSelect.replaceChildren(
@@ -287,6 +321,20 @@ async function loadSessions() {
       : [h("option", { value: "" }, "No sessions yet: Submit creates one")]),
   );
   return all;
+}
+
+const PICKER_PROBLEM = {
+  "no-token": "Needs an API token: none set",
+  "token-refused": "Token refused: paste a valid one",
+  unreachable: "Server unreachable: press Refresh to try again",
+};
+
+function showPickerProblem(error) {
+  const text = PICKER_PROBLEM[error.kind] || `Could not load the sessions: ${error.message}`;
+  el.sessionSelect.replaceChildren(h("option", { value: "" }, text));
+  el.sessionSelect.dataset.problem = error.kind || "error";
+  el.tokenStatus.textContent =
+    error.kind === "no-token" || error.kind === "token-refused" ? error.message : "";
 }
 
 function showSession(s) {
@@ -302,7 +350,7 @@ function showSession(s) {
   el.sessionCreated.textContent = new Date(s.createdAt).toLocaleString();
   el.historyDefaultHint.textContent = `(${s.defaultHistory})`;
   const option = [...el.sessionSelect.options].find((o) => o.value === s.id);
-  if (option) option.textContent = sessionLabel({ ...s, eventCount: state.maxSeq });
+  if (option) option.textContent = sessionLabel({ ...s, eventCount: currentCount() });
   updateGraphiqlLink();
 }
 
@@ -310,6 +358,7 @@ function clearAnswer() {
   if (state.stopTurn) state.stopTurn();
   state.stopTurn = null;
   state.answerTurnId = null;
+  state.countBefore = null;
   el.answer.dataset.kind = "none";
   el.answer.dataset.typename = "";
   el.answer.replaceChildren(
@@ -324,6 +373,7 @@ async function selectSession(id) {
   state.stopEvents = null;
   state.events.clear();
   state.maxSeq = 0;
+  state.serverCount = 0;
   el.timeline.replaceChildren();
   el.timelineEmpty.hidden = false;
   if (!id) {
@@ -337,8 +387,9 @@ async function selectSession(id) {
     return;
   }
   localStorage.setItem(STORE_SESSION, id);
+  state.serverCount = data.session.eventCount;
   showSession(data.session);
-  renderCount(data.session.eventCount);
+  renderCount();
   el.sessionSelect.value = id;
   state.stopEvents = subscribe(SESSION_EVENTS, { sessionId: id, afterSeq: 0 }, (d) =>
     onEvent(id, d.sessionEvents),
@@ -356,10 +407,43 @@ async function createSession(defaultHistory) {
 
 // ------------------------------------------------------------------- events
 
-function renderCount(serverCount) {
-  const count = Math.max(serverCount ?? 0, state.maxSeq);
+// The one number for "events saved": the server's count, or the newest event
+// seen live if that is further on. The counter and the answer's "Events saved"
+// both show it.
+function currentCount() {
+  return Math.max(state.serverCount, state.maxSeq);
+}
+
+function renderCount() {
+  const count = currentCount();
   el.eventCount.textContent = state.session ? String(count) : "–";
   el.eventCount.dataset.count = String(count);
+  renderDelta();
+}
+
+function renderDelta() {
+  const node = el.answer.querySelector("[data-role=delta]");
+  const before = state.countBefore;
+  if (before === null || !state.session) {
+    el.eventDelta.textContent = "";
+    return;
+  }
+  const now = currentCount();
+  const delta = now - before;
+  const types = [...state.events.values()]
+    .filter((e) => e.seq > before)
+    .sort((a, b) => a.seq - b.seq)
+    .map((e) => e.type);
+  const what = types.length === delta && delta > 0 ? ` (${types.join(", ")})` : "";
+  el.eventDelta.textContent =
+    delta === 0 ? "Since the last request: nothing new." : `Since the last request: +${delta}${what}.`;
+  if (!node) return;
+  node.dataset.delta = String(delta);
+  node.replaceChildren(
+    `${before} before the request, ${now} now: `,
+    delta === 0 ? h("strong", {}, "nothing new") : h("strong", {}, `+${delta}`),
+    what,
+  );
 }
 
 function onEvent(sessionId, event) {
@@ -367,7 +451,7 @@ function onEvent(sessionId, event) {
   if (state.events.has(event.seq)) return; // a resubscription re-reads from the start
   state.events.set(event.seq, event);
   state.maxSeq = Math.max(state.maxSeq, event.seq);
-  renderCount(Number(el.eventCount.dataset.count || 0));
+  renderCount();
   el.timelineEmpty.hidden = true;
 
   const row = h(
@@ -404,14 +488,18 @@ function onEvent(sessionId, event) {
     }
   }
   const option = [...el.sessionSelect.options].find((o) => o.value === sessionId);
-  if (option) option.textContent = sessionLabel({ ...state.session, eventCount: state.maxSeq });
+  if (option) option.textContent = sessionLabel({ ...state.session, eventCount: currentCount() });
 }
 
 // ------------------------------------------------------------------- submit
 
-async function eventCount(sessionId) {
+async function refreshCount(sessionId) {
   const data = await gql(EVENT_COUNT, { id: sessionId });
-  return data.session ? data.session.eventCount : null;
+  if (data.session && state.session && state.session.id === sessionId) {
+    state.serverCount = data.session.eventCount;
+    renderCount();
+  }
+  return currentCount();
 }
 
 function currentRequest() {
@@ -431,15 +519,15 @@ async function send(request, how) {
     if (!state.session || state.session.id !== request.sessionId) {
       await selectSession(request.sessionId);
     }
-    const before = await eventCount(request.sessionId);
+    const before = await refreshCount(request.sessionId);
     renderPending(request);
     const data = await gql(SUBMIT, { input: request });
     const result = data.submitTurn;
-    const after = await eventCount(request.sessionId);
-    renderAnswer(result, { request, how, before, after });
+    renderAnswer(result, { request, how, before });
+    await refreshCount(request.sessionId);
     return result;
   } catch (error) {
-    renderFailure(error);
+    renderFailure(error, { request, how });
     return null;
   } finally {
     setBusy(false);
@@ -457,6 +545,9 @@ async function onSubmit(event) {
     return;
   }
   const request = currentRequest();
+  // Kept before sending: if no answer comes back, Retry resends this very request.
+  saveLast({ request, at: new Date().toISOString(), typename: null, turnId: null });
+  renderLast();
   const result = await send(request, "submit");
   if (!result) return;
   const turn = result.turn;
@@ -474,7 +565,12 @@ async function onSubmit(event) {
 async function onRetry() {
   const last = loadLast();
   if (!last || state.busy) return;
-  await send(last.request, "retry");
+  const result = await send(last.request, "retry");
+  if (result && result.turn && !last.turnId) {
+    // The first try got no answer; this one names the turn.
+    saveLast({ ...last, typename: result.__typename, turnId: result.turn.id });
+    renderLast();
+  }
 }
 
 async function onConflict() {
@@ -516,7 +612,7 @@ function renderStatus() {
   node.dataset.status = status;
 }
 
-function renderAnswer(result, { request, how, before, after }) {
+function renderAnswer(result, { request, how, before }) {
   if (state.stopTurn) state.stopTurn();
   state.stopTurn = null;
   const typename = result.__typename;
@@ -529,7 +625,7 @@ function renderAnswer(result, { request, how, before, after }) {
   }
   const last = loadLast();
   const original = how === "retry" && last && last.turnId;
-  const delta = before !== null && after !== null ? after - before : null;
+  state.countBefore = before;
   const howText = {
     submit: "Submitted",
     retry: "Retried the last submission",
@@ -558,17 +654,7 @@ function renderAnswer(result, { request, how, before, after }) {
     fact("Key", h("code", {}, request.idempotencyKey));
     fact("Input sent", h("code", {}, JSON.stringify(request.input)));
   }
-  if (delta !== null) {
-    fact(
-      "Events saved",
-      h(
-        "span",
-        { "data-role": "delta", dataset: { delta } },
-        `${before} before the request, ${after} after the answer: `,
-        delta === 0 ? h("strong", {}, "nothing new") : h("strong", {}, `+${delta}`),
-      ),
-    );
-  }
+  fact("Events saved", h("span", { "data-role": "delta" }));
 
   el.answer.dataset.kind = kind;
   el.answer.dataset.typename = typename;
@@ -585,8 +671,8 @@ function renderAnswer(result, { request, how, before, after }) {
     h("dl", { class: "facts" }, rows),
   );
   renderStatus();
-  el.eventDelta.textContent =
-    delta === null ? "" : `The last request changed the count by ${delta >= 0 ? "+" : ""}${delta}.`;
+  renderDelta();
+  showAnswerCard();
 
   if (turn && !ENDED.has(state.statuses.get(turn.id))) {
     const turnId = turn.id;
@@ -605,20 +691,60 @@ function renderPending(request) {
   if (state.stopTurn) state.stopTurn();
   state.stopTurn = null;
   state.answerTurnId = null;
+  state.countBefore = null;
+  renderDelta();
   el.answer.dataset.kind = "pending";
   el.answer.dataset.typename = "";
   el.answer.replaceChildren(
     h("p", { class: "muted" }, "Sending with key ", h("code", {}, request.idempotencyKey), "…"),
   );
+  showAnswerCard();
 }
 
-function renderFailure(error) {
+function renderFailure(error, { request, how } = {}) {
+  state.countBefore = null;
+  renderDelta();
   el.answer.dataset.kind = "error";
   el.answer.dataset.typename = "";
-  el.answer.replaceChildren(
-    h("div", { class: "answer-head" }, h("span", { class: "badge error" }, "Request failed")),
+  const unreachable = error.kind === "unreachable";
+  const title = unreachable ? "No answer from the server" : "Request failed";
+  const parts = [
+    h("div", { class: "answer-head" }, h("span", { class: "badge error" }, title)),
     h("p", { class: "blurb" }, String(error.message || error)),
-  );
+  ];
+  if (unreachable && request) {
+    const again = {
+      submit: "Submit",
+      retry: "Retry last submission",
+      changed: "Same key, changed input",
+    }[how];
+    parts.push(
+      h(
+        "p",
+        { class: "blurb", "data-role": "safe-retry" },
+        "The key ",
+        h("code", {}, request.idempotencyKey),
+        ` is kept in this browser, so pressing ${again} again is a safe retry: `,
+        "if the first try did reach the server, the same key gets that turn back ",
+        "(Replayed), never a second one.",
+      ),
+    );
+  } else if (unreachable) {
+    parts.push(h("p", { class: "blurb" }, "Nothing was submitted; try again once it is back."));
+  }
+  el.answer.replaceChildren(...parts);
+  showAnswerCard();
+}
+
+// Bring the answer into view when it is off screen (on a phone it lies below
+// the form); leave the page alone when it is already in sight.
+function showAnswerCard() {
+  const card = el.answer.closest("section");
+  const box = card.getBoundingClientRect();
+  const need = Math.min(box.height, window.innerHeight);
+  if (box.top >= 0 && box.top + need <= window.innerHeight) return;
+  const calm = window.matchMedia("(prefers-reduced-motion: reduce)").matches;
+  card.scrollIntoView({ block: "start", behavior: calm ? "auto" : "smooth" });
 }
 
 // -------------------------------------------------------------------- links
@@ -651,7 +777,7 @@ async function init() {
   el.retry.addEventListener("click", onRetry);
   el.conflict.addEventListener("click", onConflict);
   el.sessionSelect.addEventListener("change", () => selectSession(el.sessionSelect.value));
-  el.refreshSessions.addEventListener("click", () => loadSessions());
+  el.refreshSessions.addEventListener("click", () => loadSessions().catch(showPickerProblem));
   el.createSession.addEventListener("submit", async (event) => {
     event.preventDefault();
     el.createSessionButton.disabled = true;
@@ -672,6 +798,7 @@ async function init() {
     await selectSession(pick);
     if (!state.session && sessions[0]) await selectSession(sessions[0].id);
   } catch (error) {
+    showPickerProblem(error);
     renderFailure(error);
   }
   document.body.dataset.ready = "true";

@@ -1,8 +1,9 @@
 """The model seam, and the deterministic offline fixture that fills it.
 
-A real model would implement :class:`Model`. The fixture gives the same output
-for the same input and history, byte for byte, and understands a few
-directives for tests and demos:
+A real model would implement :class:`Model`. It is told the turn's history
+setting (``mode``) and given the earlier turns that setting lets it see. The
+fixture gives the same output for the same input, setting and history, byte for
+byte, and understands a few directives for tests and demos:
 
 ``/sleep MS``  hold the turn MS milliseconds, then reply
 ``/fail``      end the turn with ``turn.failed``
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from keyturn.domain import TurnStatus
+from keyturn.domain import History, TurnStatus
 from keyturn.errors import ModelError
 
 
@@ -55,7 +56,12 @@ class ToolOutcome:
 
 class Model(Protocol):
     async def tool_calls(
-        self, *, input: str, history: list[PastTurn], results: Sequence[ToolOutcome]
+        self,
+        *,
+        input: str,
+        mode: History,
+        history: list[PastTurn],
+        results: Sequence[ToolOutcome],
     ) -> list[ToolRequest]:
         """The calls to make next, given the results so far; [] when ready to reply.
 
@@ -63,10 +69,16 @@ class Model(Protocol):
         ...
 
     async def reply(
-        self, *, input: str, history: list[PastTurn], results: Sequence[ToolOutcome] = ()
+        self,
+        *,
+        input: str,
+        mode: History,
+        history: list[PastTurn],
+        results: Sequence[ToolOutcome] = (),
     ) -> str:
-        """The reply to ``input`` given ``history`` and the tool results; raise
-        ModelError to fail the turn."""
+        """The reply to ``input`` given the history setting ``mode``, the earlier
+        turns it shows (``history``; always [] under NONE) and the tool results;
+        raise ModelError to fail the turn."""
         ...
 
 
@@ -104,13 +116,23 @@ class FixtureModel:
         self.delay_ms = delay_ms
 
     async def tool_calls(
-        self, *, input: str, history: list[PastTurn], results: Sequence[ToolOutcome]
+        self,
+        *,
+        input: str,
+        mode: History,
+        history: list[PastTurn],
+        results: Sequence[ToolOutcome],
     ) -> list[ToolRequest]:
         # Every directive in one batch; once their results are in, reply.
         return tool_directives(input)[len(results) :]
 
     async def reply(
-        self, *, input: str, history: list[PastTurn], results: Sequence[ToolOutcome] = ()
+        self,
+        *,
+        input: str,
+        mode: History,
+        history: list[PastTurn],
+        results: Sequence[ToolOutcome] = (),
     ) -> str:
         delay = self.delay_ms
         match = _SLEEP.match(input)
@@ -121,13 +143,19 @@ class FixtureModel:
         if input.strip() == "/fail":
             raise ModelError("the fixture model was asked to fail (/fail)")
         lines = [f"fixture reply to: {input}"]
+        # The setting, then what it showed: under FULL a first turn has no
+        # earlier turns; under NONE the model is shown none by design.
         if history:
-            lines.append(f"history: {len(history)} earlier turn(s), digest {_digest(history)}")
+            lines.append(
+                f"history: {mode}, {len(history)} earlier turn(s), digest {_digest(history)}"
+            )
             for n, past in enumerate(history, 1):
                 mark = "" if past.status == TurnStatus.COMPLETED else f" [{past.status.lower()}]"
                 lines.append(f"  {n}. {past.input}{mark}")
+        elif mode is History.FULL:
+            lines.append("history: FULL, no earlier turns")
         else:
-            lines.append("history: none")
+            lines.append(f"history: {mode}")
         for outcome in results:
             arguments = json.dumps(outcome.arguments, sort_keys=True)
             result = json.dumps(outcome.result, sort_keys=True)

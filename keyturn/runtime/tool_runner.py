@@ -94,7 +94,9 @@ class ToolRunner:
         previous = await self._previous_calls(turn)
         results: list[ToolOutcome] = []
         while True:
-            requests = await self.model.tool_calls(input=turn.input, history=past, results=results)
+            requests = await self.model.tool_calls(
+                input=turn.input, mode=turn.history, history=past, results=results
+            )
             if not requests:
                 break
             if len(results) + len(requests) > MAX_TOOL_CALLS:
@@ -108,7 +110,9 @@ class ToolRunner:
             )
             for plan in plans:
                 results.append(await self._call(turn, plan))
-        return await self.model.reply(input=turn.input, history=past, results=results)
+        return await self.model.reply(
+            input=turn.input, mode=turn.history, history=past, results=results
+        )
 
     async def _previous_calls(self, turn: TurnRecord) -> dict[int, ToolCallView]:
         if turn.retry_of is None:

@@ -3,7 +3,8 @@
 The demo a person runs: submit, watch the turn complete live, reload, retry the
 last submission (Replayed, same turn, no new events), then reuse the key for a
 changed input (Conflict, nothing written). Screenshots go to
-test-artifacts/playground/.
+test-artifacts/playground/; readme-playground.png there is the README's picture
+(docs/playground.png is a copy of it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
 from tests.support import ServerProcess, start_server_process, stop_process
 
@@ -73,13 +74,11 @@ async def browser(chromium: Path) -> AsyncIterator[Browser]:
             await launched.close()
 
 
-@pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context(viewport={"width": 1280, "height": 900})
-    opened = await context.new_page()
+def watch(page: Page) -> list[str]:
+    """Page errors and console errors or warnings, as they happen."""
     problems: list[str] = []
-    opened.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-    opened.on(
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    page.on(
         "console",
         lambda msg: (
             problems.append(f"console {msg.type}: {msg.text}")
@@ -87,6 +86,14 @@ async def page(browser: Browser) -> AsyncIterator[Page]:
             else None
         ),
     )
+    return problems
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = await context.new_page()
+    problems = watch(opened)
     yield opened
     await context.close()
     assert problems == []
@@ -128,11 +135,18 @@ async def test_submit_reload_retry_replays_and_changed_input_conflicts(
     status = answer.locator("[data-role=status]")
     assert await status.inner_text() in {"QUEUED", "RUNNING"}
     await expect(status).to_have_text("COMPLETED", timeout=LIVE)
-    await expect(answer.locator("[data-role=output]")).to_contain_text(
-        "fixture reply to: /sleep 1500 hello playground"
+    await expect(answer.locator("[data-role=output]")).to_have_text(
+        "fixture reply to: /sleep 1500 hello playground\nhistory: FULL, no earlier turns"
     )
     counter = page.locator("#event-count")
     await expect(counter).to_have_text("3", timeout=LIVE)
+    # The answer's "Events saved" and the counter are the same number.
+    delta = answer.locator("[data-role=delta]")
+    await expect(delta).to_have_text(
+        "0 before the request, 3 now: +3 (turn.started, turn.running, turn.completed)"
+    )
+    await expect(delta).to_have_attribute("data-delta", "3")
+    await expect(page.locator("#event-delta")).to_contain_text("Since the last request: +3")
     await expect(page.locator("#timeline > li")).to_have_count(3)
     await page.screenshot(path=shots / "1-accepted-completed.png", full_page=True)
     saved = await record(db, session_id)
@@ -149,10 +163,15 @@ async def test_submit_reload_retry_replays_and_changed_input_conflicts(
     await expect(answer.locator("[data-role=kind]")).to_have_text("Replayed")
     assert await answer.locator("[data-role=turn-id]").inner_text() == turn_id
     await expect(answer.locator("[data-role=same-turn]")).to_contain_text("yes")
-    await expect(answer.locator("[data-role=delta]")).to_have_attribute("data-delta", "0")
+    await expect(delta).to_have_attribute("data-delta", "0")
+    await expect(delta).to_have_text("3 before the request, 3 now: nothing new")
     await expect(status).to_have_text("COMPLETED")
     await expect(counter).to_have_text("3")
     await page.screenshot(path=shots / "2-reloaded-retry-replayed.png", full_page=True)
+    await page.set_viewport_size({"width": 1200, "height": 900})
+    await page.evaluate("window.scrollTo(0, 0)")
+    await page.screenshot(path=shots / "readme-playground.png", full_page=True)
+    await page.set_viewport_size({"width": 1280, "height": 900})
     assert await record(db, session_id) == saved
 
     # The same key with a changed input: Conflict, nothing written.
@@ -203,10 +222,22 @@ async def test_sessions_history_keyboard_timeline_and_narrow_window(
     await page.get_by_role("button", name="Submit turn").click()
     await expect(answer).to_contain_text('"second turn" · history FULL')
     await expect(answer.locator("[data-role=typename]")).to_have_text("TurnAccepted")
+    # The reply names the setting: FULL, though this first turn has nothing before it.
+    await expect(answer.locator("[data-role=output]")).to_have_text(
+        "fixture reply to: second turn\nhistory: FULL, no earlier turns", timeout=LIVE
+    )
     history = await db.fetchval(
         "SELECT history FROM turns WHERE session_id = $1::uuid", second_session
     )
     assert history == "FULL"
+    # The session default, NONE: the reply says so, not "no earlier turns".
+    await page.get_by_label("Input").fill("third turn")
+    await page.get_by_role("radio", name="Session default").check()
+    await page.get_by_role("button", name="Submit turn").click()
+    await expect(answer).to_contain_text('"third turn" · history NONE')
+    await expect(answer.locator("[data-role=output]")).to_have_text(
+        "fixture reply to: third turn\nhistory: NONE", timeout=LIVE
+    )
 
     # Pick the first session from the list: its record and timeline come back.
     await picker.select_option(first_session)
@@ -263,7 +294,7 @@ async def test_only_the_pages_own_files_are_served(live_server: ServerProcess) -
         assert (await http.get("/healthz")).status_code == 200
 
 
-async def test_with_api_tokens_the_page_asks_for_one_and_then_works(
+async def test_with_api_tokens_the_page_says_none_is_set_or_it_was_refused_then_works(
     browser: Browser, database_url: str, tmp_path: Path, shots: Path
 ) -> None:
     from keyturn.db.engine import create_engine
@@ -281,6 +312,23 @@ async def test_with_api_tokens_the_page_asks_for_one_and_then_works(
         await page.goto(server.url + "/")
         token_box = page.locator("#token-box")
         await expect(token_box).to_have_attribute("open", "", timeout=LIVE)
+        # No token set: the empty picker says why.
+        picker = page.get_by_label("Pick a session")
+        await expect(picker).to_contain_text("Needs an API token: none set")
+        await expect(page.locator("#token-status")).to_contain_text("none is set")
+        await page.screenshot(path=shots / "7-token-missing.png", full_page=True)
+
+        # A token the server does not know: refused, which is not "needs a token".
+        await page.get_by_label("Token (kept in this browser)").fill("kt_not-a-real-token")
+        await page.get_by_role("button", name="Use token").click()
+        await expect(page.locator("body")).to_have_attribute("data-ready", "true")
+        await expect(picker).to_contain_text("Token refused: paste a valid one")
+        await expect(picker).not_to_contain_text("Needs")
+        await expect(page.locator("#token-status")).to_contain_text("Token refused")
+        await expect(page.locator("#answer")).to_contain_text("Token refused")
+        await expect(token_box).to_have_attribute("open", "")
+        await page.screenshot(path=shots / "7-token-refused.png", full_page=True)
+
         await page.get_by_label("Token (kept in this browser)").fill(secret)
         await page.get_by_role("button", name="Use token").click()
         await expect(page.locator("body")).to_have_attribute("data-ready", "true")
@@ -291,7 +339,109 @@ async def test_with_api_tokens_the_page_asks_for_one_and_then_works(
         await expect(answer.locator("[data-role=typename]")).to_have_text("TurnAccepted")
         # Live delivery over the WebSocket carries the token too.
         await expect(answer.locator("[data-role=status]")).to_have_text("COMPLETED", timeout=LIVE)
+        await expect(page.locator("#token-status")).to_have_text("")
         await page.screenshot(path=shots / "5-with-token.png", full_page=True)
     finally:
         await context.close()
         stop_process(server)
+
+
+async def test_with_no_answer_from_the_server_the_key_is_kept_and_submit_again_is_safe(
+    browser: Browser, live_server: ServerProcess, db: Any, shots: Path
+) -> None:
+    # Its own context: a refused connection is a console error here, by design.
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        page = await context.new_page()
+        await open_playground(page, live_server.url)
+        await page.get_by_role("button", name="New session").click()
+        await expect(page.locator("#session-id")).to_have_text(re.compile(r"^[0-9a-f-]{36}$"))
+        session_id = await page.locator("#session-id").inner_text()
+        key = await page.get_by_label("Idempotency key").input_value()
+        await page.get_by_label("Input").fill("through an outage")
+        answer = page.locator("#answer")
+        retry = page.get_by_role("button", name="Retry last submission")
+
+        # The server is down: every request fails before it gets there.
+        async def down(route: Route) -> None:
+            await route.abort("connectionrefused")
+
+        await page.route("**/graphql", down)
+        await page.get_by_role("button", name="Submit turn").click()
+        await expect(answer).to_contain_text("No answer from the server")
+        safe = answer.locator("[data-role=safe-retry]")
+        await expect(safe).to_contain_text(f"The key {key} is kept in this browser")
+        await expect(safe).to_contain_text("pressing Submit again is a safe retry")
+        await expect(retry).to_be_enabled()
+        await expect(page.get_by_label("Idempotency key")).to_have_value(key)
+        await page.screenshot(path=shots / "8-server-down.png", full_page=True)
+        assert await record(db, session_id) == (0, 0)
+
+        # The submission reaches the server but its answer is lost on the way back.
+        async def answer_lost(route: Route) -> None:
+            if "submitTurn" in (route.request.post_data or ""):
+                await route.fetch()
+                await route.abort("connectionreset")
+            else:
+                await route.continue_()
+
+        await page.unroute("**/graphql", down)
+        await page.route("**/graphql", answer_lost)
+        await page.get_by_role("button", name="Submit turn").click()
+        await expect(safe).to_contain_text("pressing Submit again is a safe retry")
+        await expect(retry).to_be_enabled()
+        turns = await db.fetchval(
+            "SELECT count(*) FROM turns WHERE session_id = $1::uuid", session_id
+        )
+        assert turns == 1
+
+        # Back up: Submit again answers with that turn, Replayed; no second turn.
+        await page.unroute("**/graphql", answer_lost)
+        await page.get_by_role("button", name="Submit turn").click()
+        await expect(answer.locator("[data-role=typename]")).to_have_text("TurnReplayed")
+        turn_id = await answer.locator("[data-role=turn-id]").inner_text()
+        await expect(answer.locator("[data-role=status]")).to_have_text("COMPLETED", timeout=LIVE)
+        await retry.click()
+        await expect(answer.locator("[data-role=same-turn]")).to_contain_text("yes")
+        assert await answer.locator("[data-role=turn-id]").inner_text() == turn_id
+        await page.screenshot(path=shots / "8-server-back.png", full_page=True)
+        rows = await db.fetch(
+            "SELECT id::text, idempotency_key FROM turns WHERE session_id = $1::uuid", session_id
+        )
+        assert [(r["id"], r["idempotency_key"]) for r in rows] == [(turn_id, key)]
+    finally:
+        await context.close()
+
+
+async def test_on_a_phone_the_answer_is_in_sight_without_scrolling(
+    browser: Browser, live_server: ServerProcess, shots: Path
+) -> None:
+    context = await browser.new_context(
+        viewport={"width": 375, "height": 667}, is_mobile=True, has_touch=True
+    )
+    try:
+        page = await context.new_page()
+        problems = watch(page)
+        await open_playground(page, live_server.url)
+        await page.get_by_label("Input").fill("from a phone")
+        await page.get_by_role("button", name="Submit turn").click()
+        answer = page.locator("#answer")
+        await expect(answer.locator("[data-role=status]")).to_have_text("COMPLETED", timeout=LIVE)
+        for role in ("kind", "status", "output"):
+            await expect(answer.locator(f"[data-role={role}]")).to_be_in_viewport(ratio=1)
+        await expect(answer.locator("[data-role=output]")).to_contain_text("from a phone")
+        await page.screenshot(path=shots / "6-phone-accepted.png")
+
+        # The retry buttons follow the answer; a retry's answer is in sight too.
+        await page.get_by_role("button", name="Retry last submission").click()
+        await expect(answer.locator("[data-role=kind]")).to_have_text("Replayed")
+        for role in ("kind", "same-turn", "delta"):
+            await expect(answer.locator(f"[data-role={role}]")).to_be_in_viewport(ratio=1)
+        overflow = await page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0
+        await page.screenshot(path=shots / "6-phone-replayed.png")
+        assert problems == []
+    finally:
+        await context.close()

@@ -41,9 +41,9 @@ async def test_full_history_sees_earlier_completed_turns_none_sees_only_its_inpu
     out1 = (await client.wait_for_status(first["turn"]["id"], {"COMPLETED"}))["output"]
     out2 = (await client.wait_for_status(second["turn"]["id"], {"COMPLETED"}))["output"]
     out3 = (await client.wait_for_status(third["turn"]["id"], {"COMPLETED"}))["output"]
-    assert "history: none" in out1
-    assert "history: 1 earlier turn(s)" in out2 and "1. my name is Ada" in out2
-    assert out3 == "fixture reply to: what is my name?\nhistory: none"
+    assert "history: FULL, no earlier turns" in out1
+    assert "history: FULL, 1 earlier turn(s)" in out2 and "1. my name is Ada" in out2
+    assert out3 == "fixture reply to: what is my name?\nhistory: NONE"
 
 
 async def test_the_fixture_is_deterministic_across_sessions(client: GraphQLClient) -> None:
@@ -69,7 +69,7 @@ async def test_fail_directive_ends_the_turn_with_turn_failed(
     assert [e["type"] for e in turn["events"]] == ["turn.started", "turn.running", "turn.failed"]
     ok = await client.wait_for_status(after["turn"]["id"], {"COMPLETED"})
     # a failed turn is not part of FULL history
-    assert "history: none" in ok["output"]
+    assert "history: FULL, no earlier turns" in ok["output"]
 
 
 async def test_different_sessions_run_at_the_same_time(client: GraphQLClient, db: Any) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from keyturn.db.records import EventRecord as Event
-from keyturn.domain import ToolCallState
+from keyturn.domain import History, ToolCallState
 from keyturn.ops.experiment import verdict
 from keyturn.runtime.crash import CrashHook
 from keyturn.runtime.ledger import tool_calls
@@ -82,15 +82,22 @@ def test_directives_become_tool_calls_in_order() -> None:
 
 async def test_the_fixture_asks_for_its_calls_then_replies_with_their_results() -> None:
     model = FixtureModel()
-    calls = await model.tool_calls(input="/write a=1", history=[], results=[])
+    calls = await model.tool_calls(input="/write a=1", mode=History.FULL, history=[], results=[])
     assert calls == [ToolRequest("synthetic_write", {"name": "a", "value": "1"})]
     done = [ToolOutcome(0, "synthetic_write", {"name": "a", "value": "1"}, {"applied": True})]
-    assert await model.tool_calls(input="/write a=1", history=[], results=done) == []
-    reply = await model.reply(input="/write a=1", history=[], results=done)
-    assert reply == await model.reply(input="/write a=1", history=[], results=list(done))
+    assert (
+        await model.tool_calls(input="/write a=1", mode=History.FULL, history=[], results=done)
+        == []
+    )
+    reply = await model.reply(input="/write a=1", mode=History.FULL, history=[], results=done)
+    assert reply == await model.reply(
+        input="/write a=1", mode=History.FULL, history=[], results=list(done)
+    )
     assert 'tool 0 synthetic_write {"name": "a", "value": "1"}: {"applied": true}' in reply
-    # Without tools the reply is what it always was.
-    assert await model.reply(input="hi", history=[]) == "fixture reply to: hi\nhistory: none"
+    # Without tools the reply is the input and the history line alone.
+    assert await model.reply(input="hi", mode=History.FULL, history=[]) == (
+        "fixture reply to: hi\nhistory: FULL, no earlier turns"
+    )
 
 
 def test_crash_hook_configuration() -> None:

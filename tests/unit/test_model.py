@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keyturn.domain import TurnStatus
+from keyturn.domain import History, TurnStatus
 from keyturn.errors import ModelError
 from keyturn.runtime.model import FixtureModel, PastTurn
 
@@ -15,13 +15,24 @@ async def test_same_input_and_history_give_the_same_output() -> None:
         PastTurn("a", "out a", TurnStatus.COMPLETED),
         PastTurn("b", None, TurnStatus.INTERRUPTED),
     ]
-    first = await model.reply(input="q", history=history)
-    again = await model.reply(input="q", history=list(history))
+    first = await model.reply(input="q", mode=History.FULL, history=history)
+    again = await model.reply(input="q", mode=History.FULL, history=list(history))
     assert first == again
-    assert "2 earlier turn(s)" in first and "2. b [interrupted]" in first
-    assert await model.reply(input="q", history=history[:1]) != first
+    assert "history: FULL, 2 earlier turn(s)" in first and "2. b [interrupted]" in first
+    assert await model.reply(input="q", mode=History.FULL, history=history[:1]) != first
+
+
+async def test_the_reply_names_the_history_setting_it_was_given() -> None:
+    model = FixtureModel()
+    first_turn = await model.reply(input="hi", mode=History.FULL, history=[])
+    alone = await model.reply(input="hi", mode=History.NONE, history=[])
+    assert first_turn == "fixture reply to: hi\nhistory: FULL, no earlier turns"
+    assert alone == "fixture reply to: hi\nhistory: NONE"
+    # Deterministic for each setting, byte for byte.
+    assert await model.reply(input="hi", mode=History.FULL, history=[]) == first_turn
+    assert await model.reply(input="hi", mode=History.NONE, history=[]) == alone
 
 
 async def test_fail_directive_raises_model_error() -> None:
     with pytest.raises(ModelError):
-        await FixtureModel().reply(input="/fail", history=[])
+        await FixtureModel().reply(input="/fail", mode=History.NONE, history=[])
