@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-HOST ?= 127.0.0.1
-PORT ?= 8000
+# `make serve PORT=9000 HOST=0.0.0.0`; otherwise KEYTURN_PORT and KEYTURN_HOST
+# (or their defaults, 127.0.0.1:8000) decide, as for `keyturn serve` itself.
+HOST ?=
+PORT ?=
 
 .PHONY: install serve test test-fast test-db lint format schema clean bench
 
@@ -18,7 +20,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 serve: install
-	$(VENV)/bin/keyturn serve --host $(HOST) --port $(PORT)
+	$(VENV)/bin/keyturn serve $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 # The whole suite; the database is the embedded PostgreSQL unless
 # KEYTURN_TEST_DATABASE_URL names another server.

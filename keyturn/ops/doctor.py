@@ -71,11 +71,14 @@ def check_settings() -> tuple[list[Check], Settings | None]:
 
 async def check_database(url: str, where: str) -> list[Check]:
     from keyturn.db import probes
-    from keyturn.db.engine import connect, create_engine
+    from keyturn.db.engine import DatabaseUrlError, connect, create_engine
     from keyturn.db.migrate import current_revision, head_revision
 
     checks: list[Check] = []
-    engine = create_engine(url, pool_size=1)
+    try:
+        engine = create_engine(url, pool_size=1)
+    except DatabaseUrlError as error:
+        return [Check(FAIL, "database", str(error))]
     try:
         try:
             async with asyncio.timeout(10), connect(engine) as conn:
@@ -125,8 +128,10 @@ async def check_database(url: str, where: str) -> list[Check]:
 def _reason(error: BaseException) -> str:
     """What went wrong, for a person: the driver's own message when there is
     one (it names the host, never the password), else the error's kind."""
+    from keyturn.db.engine import connect_failure
+
     cause = error.__cause__ if error.__cause__ is not None else error
-    return str(cause) or type(cause).__name__
+    return connect_failure(error) or str(cause) or type(cause).__name__
 
 
 def run(database_url: Callable[[Settings], tuple[str, str]], out: Callable[[str], None]) -> int:

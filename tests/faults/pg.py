@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from sqlalchemy.engine import make_url
 
-from keyturn.db.engine import asyncpg_dsn
+from keyturn.db.engine import raw_connect
 
 
 @dataclass
@@ -261,7 +260,7 @@ def server_port(url: str) -> int:
 
 
 async def backend_count(url: str, application_name: str) -> int:
-    conn: Any = await asyncpg.connect(asyncpg_dsn(url))
+    conn: Any = await raw_connect(url)
     try:
         return int(
             await conn.fetchval(

@@ -5,16 +5,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import asyncpg
-
-from keyturn.db.engine import asyncpg_dsn, with_database
+from keyturn.db.engine import raw_connect, with_database
 
 __all__ = ["admin", "counts", "new_key", "with_database"]
 
 
 async def admin(url: str) -> Any:
-    """A plain asyncpg connection, for checking (or arranging) the record."""
-    return await asyncpg.connect(asyncpg_dsn(url))
+    """A plain asyncpg connection, for checking (or arranging) the record;
+    the URL is read as Keyturn reads it (sslmode and the rest)."""
+    return await raw_connect(url)
 
 
 async def counts(db: Any, session_id: str) -> tuple[int, int, int]:

@@ -1,0 +1,120 @@
+"""A database that cannot be reached at start is one line naming the setting
+to change, exit 2, never the password; Ctrl-C while starting is a quiet exit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from keyturn.ops.serverproc import free_port
+from tests.acceptance.clirun import clean_env, keyturn, one_clean_line
+from tests.acceptance.tcp_postgres import TcpPostgres, tcp_postgres
+from tests.acceptance.test_cli import postgres_running
+from tests.support import with_database
+
+pytestmark = pytest.mark.slow
+
+SECRET = f"pw-{uuid.uuid4().hex}"
+COMMANDS = [("serve",), ("db", "upgrade"), ("db", "current")]
+
+
+@pytest.fixture(scope="module")
+def tls_pg() -> Iterator[TcpPostgres]:
+    with tcp_postgres() as server:
+        yield server
+
+
+def _assert_refused(url: str, cwd: Path, expected: str, secret: str | None) -> None:
+    for command in COMMANDS:
+        result = keyturn(*command, cwd=cwd, KEYTURN_DATABASE_URL=url)
+        line = one_clean_line(result)
+        assert line.startswith("keyturn: cannot connect to the database at "), line
+        assert expected in line and "KEYTURN_DATABASE_URL" in line, (command, line)
+        if secret is not None:
+            assert secret not in result.stdout + result.stderr
+        # Nothing claimed to be running.
+        assert "Keyturn on" not in result.stdout and "OPEN:" not in result.stdout
+
+
+def test_connection_refused(tmp_path: Path) -> None:
+    url = f"postgresql://keyturn:{SECRET}@127.0.0.1:{free_port()}/keyturn"
+    _assert_refused(url, tmp_path, "connection refused", SECRET)
+
+
+def test_unknown_host(tmp_path: Path) -> None:
+    url = f"postgresql://keyturn:{SECRET}@no-such-host.invalid:5432/keyturn"
+    _assert_refused(url, tmp_path, "unknown host", SECRET)
+
+
+def test_wrong_password(tls_pg: TcpPostgres, tmp_path: Path) -> None:
+    url = tls_pg.url().replace(tls_pg.password, SECRET)
+    _assert_refused(url, tmp_path, "password authentication failed", SECRET)
+    # The right password is not printed either, on success or failure.
+    ok = keyturn("db", "upgrade", cwd=tmp_path, KEYTURN_DATABASE_URL=tls_pg.url())
+    assert ok.returncode == 0 and tls_pg.password not in ok.stdout + ok.stderr
+
+
+def test_missing_database(server_url: str, tmp_path: Path) -> None:
+    url = with_database(server_url, f"keyturn_missing_{uuid.uuid4().hex[:8]}")
+    _assert_refused(url, tmp_path, "does not exist", None)
+
+
+@pytest.fixture
+def fresh_data_dir() -> Iterator[Path]:
+    # Outside pytest's private tree: the embedded server runs as another user.
+    path = Path(tempfile.mkdtemp(prefix="keyturn-ctrlc-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _interrupt_while_starting(command: list[str], data_dir: Path, after: float) -> tuple[int, str]:
+    """Start ``command`` on a data directory with no database yet, press
+    Ctrl-C (SIGINT to the whole process group, as a terminal does) once the
+    embedded PostgreSQL's files begin to appear and ``after`` seconds more."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "keyturn", *command],
+        env=clean_env(KEYTURN_DATA_DIR=str(data_dir)),
+        cwd=data_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (data_dir / "pgdata").exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(after)
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, output
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["serve", "--port", "0"]])
+def test_ctrl_c_while_starting_stops_quietly(fresh_data_dir: Path, command: list[str]) -> None:
+    # While initdb runs, then later in the start (the server, migrations).
+    interrupted = 0
+    for after in (0.0, 0.4, 0.8):
+        shutil.rmtree(fresh_data_dir / "pgdata", ignore_errors=True)
+        code, output = _interrupt_while_starting(command, fresh_data_dir, after)
+        assert "Traceback" not in output, output
+        assert "Exception" not in output, output
+        # A start that had already finished ends as a stop does (0).
+        assert code in (130, 0), (code, output)
+        interrupted += code == 130
+        assert postgres_running(fresh_data_dir) == []
+    assert interrupted >= 1
