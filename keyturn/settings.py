@@ -67,6 +67,15 @@ class Settings(BaseSettings):
     max_subscriptions_per_connection: int = Field(default=100, ge=1)
     max_query_depth: int = Field(default=10, ge=1)
     connection_init_timeout_s: float = Field(default=10.0, gt=0)
+    # Persisted documents (keyturn.http.persisted): ``auto`` learns a document
+    # the first time its text comes with its hash (Apollo's APQ);
+    # ``registered_only`` runs only the documents of ``persisted_documents_file``
+    # (a JSON object mapping SHA-256 to text), so nothing else can be executed.
+    persisted_documents: Literal["auto", "registered_only"] = "auto"
+    persisted_documents_file: Path | None = None
+    # /metrics tells whoever reads it how much traffic there is: once tokens
+    # exist it needs one, unless this opens it for a scraper on a private network.
+    metrics_public: bool = False
     log_level: str = "info"
     # `keyturn serve` writes JSON lines (json) or lines for people (text);
     # auto: text on a terminal, JSON otherwise.

@@ -14,17 +14,24 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
-from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
-from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
+from strawberry.subscriptions import (
+    GRAPHQL_TRANSPORT_WS_PROTOCOL,
+    MULTIPART_SUBSCRIPTION_PROTOCOL,
+)
 from strawberry.types.unset import UnsetType
 
 from keyturn.db import embedded
 from keyturn.db.engine import create_engine
 from keyturn.http import health, metrics
-from keyturn.http.guard import Guard, bearer_token
+from keyturn.http.graphiql import graphiql_mount, page_response
+from keyturn.http.guard import AuthorizationProblem, Guard, bearer_token
+from keyturn.http.persisted import PersistedDocuments
 from keyturn.http.playground import playground_mount
+from keyturn.http.protocol import WS_REFUSAL, GraphQLOverHTTP
 from keyturn.http.requestlog import RequestLog
 from keyturn.resolvers.context import Context
 from keyturn.runtime.auth import Authenticator
@@ -35,10 +42,11 @@ from keyturn.settings import Settings
 log = logging.getLogger(__name__)
 
 
-class KeyturnGraphQL(GraphQL[Context, None]):
-    def __init__(self, state: dict[str, Any], **kwargs: Any) -> None:
+class KeyturnGraphQL(GraphQLOverHTTP):
+    def __init__(self, state: dict[str, Any], documents: PersistedDocuments, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._state = state
+        self.documents = documents
 
     # orjson: several times faster than the standard library on every answer.
     # A str, not bytes: the WebSocket handler sends bytes as binary frames,
@@ -49,6 +57,12 @@ class KeyturnGraphQL(GraphQL[Context, None]):
     def decode_json(self, data: str | bytes) -> object:
         return orjson.loads(data)
 
+    async def render_graphql_ide(self, request: Request) -> Response:
+        """GraphiQL from the package's own files (keyturn.http.graphiql), so it
+        works with no network; Strawberry's page, which loads its scripts from a
+        CDN, only if those files are missing."""
+        return page_response() or await super().render_graphql_ide(request)
+
     async def get_context(self, request: Any, response: Any = None) -> Context:
         # HTTP requests were authenticated by the Guard, which left the tenant
         # in the scope; WebSockets authenticate in on_ws_connect.
@@ -58,14 +72,19 @@ class KeyturnGraphQL(GraphQL[Context, None]):
         )
 
     async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
-        """The token comes in the connection_init payload; a missing or wrong one
-        closes the connection with 4403 before any operation runs."""
+        """The token comes in the connection_init payload, ``Bearer TOKEN`` as on
+        HTTP; a missing or wrong one closes the connection with 4403 (its reason
+        says what was wrong) before any operation runs."""
         auth: Authenticator = self._state["auth"]
         if not await auth.required():
             return UnsetType()
         params = context.connection_params or {}
         raw = params.get("authorization") or params.get("Authorization") or params.get("token")
-        token = bearer_token(raw) if isinstance(raw, str) else None
+        try:
+            token = bearer_token(raw) if isinstance(raw, str) else None
+        except AuthorizationProblem as problem:
+            context.request.scope.setdefault("state", {})[WS_REFUSAL] = str(problem)
+            raise ConnectionRejectionError() from None
         tenant = await auth.tenant_for(token)
         if token is None or tenant is None:
             raise ConnectionRejectionError()
@@ -129,17 +148,22 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
             metrics.process_stopped(runtime)
             await engine.dispose()
 
+    # Read at start: a registered_only server with a bad file refuses to start.
+    documents = PersistedDocuments.from_file(
+        settings.persisted_documents, settings.persisted_documents_file
+    )
     graphql_app = KeyturnGraphQL(
         state,
+        documents,
         schema=schema
         if settings.introspection and settings.max_query_depth == MAX_DEPTH
         else build_schema(introspection=settings.introspection, max_depth=settings.max_query_depth),
         graphql_ide="graphiql" if settings.graphiql else None,
-        subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
+        subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, MULTIPART_SUBSCRIPTION_PROTOCOL),
         connection_init_wait_timeout=timedelta(seconds=settings.connection_init_timeout_s),
         max_subscriptions_per_connection=settings.max_subscriptions_per_connection,
         allowed_origins=[o.strip() for o in settings.allowed_origins.split(",") if o.strip()],
-        allow_queries_via_get=False,
+        allow_queries_via_get=True,
     )
 
     return Starlette(
@@ -149,6 +173,7 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
             Route("/healthz", health.healthz),
             Route("/readyz", health.readyz),
             Route("/metrics", metrics.endpoint),
+            graphiql_mount(settings.graphiql),
             playground_mount(),  # last: it answers every other path
         ],
         middleware=[
@@ -157,6 +182,7 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
                 Guard,
                 state=state,
                 max_body_bytes=settings.max_body_bytes,
+                metrics_public=settings.metrics_public,
             ),
         ],
         lifespan=lifespan,

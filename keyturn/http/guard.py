@@ -1,7 +1,10 @@
-"""The HTTP front door of /graphql: tokens, body size and content types (CSRF).
+"""The HTTP front door of /graphql and /metrics: tokens, body size and
+content types (CSRF).
 
 Everything here answers before GraphQL runs, so a refused request costs no
-parsing and writes nothing.
+parsing and writes nothing. POST must be JSON; GET (queries only, enforced by
+the view) needs the same token; the GraphiQL page itself is static HTML and
+needs none.
 """
 
 from __future__ import annotations
@@ -14,19 +17,34 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from keyturn.errors import DatabaseUnavailable
+from keyturn.http.media import is_ide_request, query_params, response_media_type
 from keyturn.runtime.auth import Authenticator
 
 log = logging.getLogger(__name__)
 
 
+class AuthorizationProblem(Exception):
+    """An Authorization value that is not ``Bearer TOKEN``; the message says why."""
+
+
 def bearer_token(value: str | None) -> str | None:
-    """``Bearer X`` → ``X``; a bare token is accepted too."""
-    if not value:
+    """``Bearer X`` (the scheme in any case, RFC 6750) → ``X``; None when absent.
+
+    Raises :class:`AuthorizationProblem` for any other shape: a bare token or
+    another scheme is refused rather than guessed at.
+    """
+    if value is None or not value.strip():
         return None
     scheme, _, rest = value.strip().partition(" ")
-    if rest and scheme.lower() == "bearer":
-        return rest.strip() or None
-    return None if rest else scheme
+    if not rest.strip():
+        raise AuthorizationProblem(
+            "the Authorization value has no scheme: send 'Authorization: Bearer TOKEN'"
+        )
+    if scheme.lower() != "bearer":
+        raise AuthorizationProblem(
+            "only the Bearer scheme is accepted: send 'Authorization: Bearer TOKEN'"
+        )
+    return rest.strip()
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -37,24 +55,42 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 async def _json_error(
-    send: Send, status: int, message: str, code: str, headers: Sequence[tuple[bytes, bytes]] = ()
+    scope: Scope,
+    send: Send,
+    status: int,
+    message: str,
+    code: str,
+    headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
     # The same shape as GraphQL's own errors: extensions.code, and whether a
-    # retry (with the same idempotency key) may succeed.
+    # retry (with the same idempotency key) may succeed; in the media type the
+    # client asked for.
     extensions = {"code": code, "retryable": status == 503}
     body = orjson.dumps({"errors": [{"message": message, "extensions": extensions}]})
+    media = response_media_type(_header(scope, b"accept"))
     await send(
         {
             "type": "http.response.start",
             "status": status,
             "headers": [
-                (b"content-type", b"application/json"),
+                (b"content-type", media.encode()),
                 (b"content-length", str(len(body)).encode()),
                 *headers,
             ],
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def _unauthenticated(scope: Scope, send: Send, message: str) -> None:
+    await _json_error(
+        scope,
+        send,
+        401,
+        message,
+        "UNAUTHENTICATED",
+        [(b"www-authenticate", b'Bearer realm="keyturn"')],
+    )
 
 
 class Guard:
@@ -64,18 +100,66 @@ class Guard:
         *,
         state: dict[str, Any],
         max_body_bytes: int,
+        metrics_public: bool = False,
     ) -> None:
         self.app = app
         self.state = state  # holds the Authenticator once the app has started
         self.max_body_bytes = max_body_bytes
+        self.metrics_public = metrics_public
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/graphql" and scope["method"] == "POST":
-            await self._http(scope, receive, send)
+        if scope["type"] == "http" and scope["path"] == "/graphql":
+            if scope["method"] == "POST":
+                await self._http(scope, receive, send)
+            elif scope["method"] == "GET" and not is_ide_request(
+                "GET", query_params(scope.get("query_string", b"")), _header(scope, b"accept") or ""
+            ):
+                await self._get(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+        elif scope["type"] == "http" and scope["path"] == "/metrics" and not self.metrics_public:
+            if await self._authenticate(scope, send) is not None:
+                await self.app(scope, receive, send)
         elif scope["type"] == "websocket" and scope["path"] == "/graphql":
             await self._websocket(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+    async def _authenticate(self, scope: Scope, send: Send) -> str | None:
+        """The caller's tenant ("" while the server is open), or None once a
+        refusal has been sent."""
+        auth: Authenticator = self.state["auth"]
+        try:
+            if not await auth.required():
+                return ""
+            try:
+                token = bearer_token(_header(scope, b"authorization"))
+            except AuthorizationProblem as problem:
+                await _unauthenticated(scope, send, str(problem))
+                return None
+            found = await auth.tenant_for(token)
+        except DatabaseUnavailable:
+            await _json_error(
+                scope,
+                send,
+                503,
+                "the database did not answer; retry",
+                "UNAVAILABLE",
+                [(b"retry-after", b"1")],
+            )
+            return None
+        if found is None:
+            await _unauthenticated(scope, send, "missing or invalid API token")
+        return found
+
+    async def _get(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # A query over GET: the token as for POST. The view runs only queries
+        # over GET (a mutation is 405), so GET never changes anything.
+        tenant = await self._authenticate(scope, send)
+        if tenant is None:
+            return
+        scope.setdefault("state", {})["tenant"] = tenant
+        await self.app(scope, receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         content_type = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
@@ -83,17 +167,17 @@ class Guard:
             # text/plain, forms and multipart are "simple" requests a browser
             # sends cross-site without a preflight: refusing them stops CSRF.
             await _json_error(
+                scope,
                 send,
                 415,
                 "POST /graphql takes Content-Type: application/json",
                 "UNSUPPORTED_MEDIA_TYPE",
             )
             return
+        too_large = f"request body over {self.max_body_bytes} bytes"
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await _json_error(
-                send, 413, f"request body over {self.max_body_bytes} bytes", "PAYLOAD_TOO_LARGE"
-            )
+            await _json_error(scope, send, 413, too_large, "PAYLOAD_TOO_LARGE")
             return
         body = bytearray()
         while True:
@@ -102,36 +186,13 @@ class Guard:
                 return
             body += message.get("body", b"")
             if len(body) > self.max_body_bytes:
-                await _json_error(
-                    send, 413, f"request body over {self.max_body_bytes} bytes", "PAYLOAD_TOO_LARGE"
-                )
+                await _json_error(scope, send, 413, too_large, "PAYLOAD_TOO_LARGE")
                 return
             if not message.get("more_body", False):
                 break
 
-        auth: Authenticator = self.state["auth"]
-        try:
-            tenant = ""
-            if await auth.required():
-                found = await auth.tenant_for(bearer_token(_header(scope, b"authorization")))
-                if found is None:
-                    await _json_error(
-                        send,
-                        401,
-                        "missing or invalid API token",
-                        "UNAUTHENTICATED",
-                        [(b"www-authenticate", b'Bearer realm="keyturn"')],
-                    )
-                    return
-                tenant = found
-        except DatabaseUnavailable:
-            await _json_error(
-                send,
-                503,
-                "the database did not answer; retry",
-                "UNAVAILABLE",
-                [(b"retry-after", b"1")],
-            )
+        tenant = await self._authenticate(scope, send)
+        if tenant is None:
             return
         scope.setdefault("state", {})["tenant"] = tenant
 
@@ -140,6 +201,8 @@ class Guard:
         async def replay() -> Message:
             nonlocal sent
             if sent:
+                # After the body: a streamed answer (a subscription over
+                # multipart/mixed) waits here to learn that the client left.
                 return await receive()
             sent = True
             return {"type": "http.request", "body": bytes(body), "more_body": False}

@@ -192,3 +192,90 @@ async def test_revoking_a_token_closes_its_live_subscriptions_and_refuses_it(
     response = await alice.post("{ sessions { totalCount } }")
     assert response.status_code == 401
     await alice.close()
+
+
+async def test_only_the_bearer_scheme_is_accepted_in_any_case(server: InProcessServer) -> None:
+    # RFC 6750: ``Bearer``, in any case. A bare token is refused with a message
+    # naming the missing scheme, so a client that forgot it learns why instead
+    # of working against one server and failing against every other.
+    [token] = await tokens_for(server, "alice")
+    await asyncio.sleep(0.4)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        for value in (f"Bearer {token}", f"bearer {token}", f"BEARER  {token}"):
+            ok = await http.post(
+                "/graphql",
+                json={"query": "{ sessions { totalCount } }"},
+                headers={"authorization": value},
+            )
+            assert ok.status_code == 200, value
+        for value, words in [(token, "no scheme"), (f"Basic {token}", "only the Bearer scheme")]:
+            for response in (
+                await http.post(
+                    "/graphql",
+                    json={"query": "{ sessions { totalCount } }"},
+                    headers={"authorization": value},
+                ),
+                await http.get(
+                    "/graphql",
+                    params={"query": "{ sessions { totalCount } }"},
+                    headers={"authorization": value, "accept": "application/json"},
+                ),
+            ):
+                assert response.status_code == 401
+                [error] = response.json()["errors"]
+                assert words in error["message"] and "Bearer TOKEN" in error["message"]
+                assert error["extensions"]["code"] == "UNAUTHENTICATED"
+                assert token not in response.text
+
+
+async def test_a_bare_token_on_the_websocket_is_closed_saying_why(server: InProcessServer) -> None:
+    [token] = await tokens_for(server, "alice")
+    await asyncio.sleep(0.4)
+    for init in ({"authorization": token}, {"token": token}):
+        async with ws_connect(server.ws_url, subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+            await ws.send(json.dumps({"type": "connection_init", "payload": init}))
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
+        assert "no scheme" in closed.value.rcvd.reason
+    async with ws_connect(server.ws_url, subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        payload = {"authorization": f"bearer {token}"}
+        await ws.send(json.dumps({"type": "connection_init", "payload": payload}))
+        assert json.loads(await ws.recv())["type"] == "connection_ack"
+
+
+async def test_queries_over_get_need_the_token_too(server: InProcessServer) -> None:
+    [token] = await tokens_for(server, "alice")
+    await asyncio.sleep(0.4)
+    params = {"query": "{ sessions { totalCount } }"}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        refused = await http.get("/graphql", params=params, headers={"accept": "*/*"})
+        assert refused.status_code == 401
+        ok = await http.get(
+            "/graphql", params=params, headers={"authorization": f"Bearer {token}", "accept": "*/*"}
+        )
+        assert ok.status_code == 200 and ok.json()["data"]["sessions"]["totalCount"] == 0
+        # The GraphiQL page is static and carries no data: a browser gets it.
+        page = await http.get("/graphql", headers={"accept": "text/html"})
+        assert page.status_code == 200
+
+
+async def test_metrics_need_a_token_once_tokens_exist(server: InProcessServer) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        assert (await http.get("/metrics")).status_code == 200  # open server
+        [token] = await tokens_for(server, "alice")
+        await asyncio.sleep(0.4)
+        refused = await http.get("/metrics")
+        assert refused.status_code == 401 and "keyturn_" not in refused.text
+        ok = await http.get("/metrics", headers={"authorization": f"Bearer {token}"})
+        assert ok.status_code == 200 and "keyturn_admissions" in ok.text
+
+
+async def test_metrics_public_opens_them_for_a_scraper(database_url: str) -> None:
+    async with serve_in_process(database_url, fast_settings(metrics_public=True)) as srv:
+        await tokens_for(srv, "alice")
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as http:
+            assert (await http.get("/metrics")).status_code == 200
+            assert (
+                await http.post("/graphql", json={"query": "{ sessions { totalCount } }"})
+            ).status_code == 401

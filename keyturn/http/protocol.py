@@ -1,0 +1,219 @@
+"""GraphQL over HTTP as every mainstream client speaks it, on Strawberry's view.
+
+- Media types and status codes of the graphql-over-http draft
+  (keyturn.http.media): ``application/graphql-response+json`` answers 400
+  without ``data`` for a request that never reached execution.
+- Queries over GET (``query``, ``variables``, ``extensions`` in the URL); a
+  mutation over GET is 405 with ``Allow: POST``, so GET never changes anything.
+- Subscriptions stream over ``multipart/mixed;subscriptionSpec=1.0`` (Apollo's
+  protocol); without that Accept a subscription is a 400 that says how to
+  subscribe, rather than an execution that cannot return anything.
+- Persisted documents (keyturn.http.persisted), on HTTP and WebSocket alike.
+- Every refusal is a GraphQL error body (``extensions.code``), never plain text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cross_web import AsyncHTTPRequestAdapter, HTTPException
+from graphql import GraphQLError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+from strawberry.asgi import ASGIWebSocketAdapter, GraphQL
+from strawberry.exceptions import MissingQueryError
+from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
+from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
+from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
+    BaseGraphQLTransportWSHandler,
+)
+from strawberry.subscriptions.protocols.graphql_transport_ws.types import SubscribeMessage
+from strawberry.types import ExecutionResult
+from strawberry.types.graphql import OperationType
+
+from keyturn.http.media import GRAPHQL_RESPONSE, is_ide_request, response_media_type
+from keyturn.http.persisted import PersistedDocumentError, PersistedDocuments
+from keyturn.resolvers.context import Context
+
+HOW_TO_SUBSCRIBE = (
+    "a subscription needs a stream: open a WebSocket to /graphql (subprotocol "
+    "graphql-transport-ws), or POST with Accept: multipart/mixed;subscriptionSpec=1.0"
+)
+# Where on_ws_connect leaves the reason a connection is refused, for the close frame.
+WS_REFUSAL = "keyturn.ws_refusal"
+
+_CODES = {400: "BAD_REQUEST", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
+
+
+class Refused(Exception):
+    """A request answered with a status and a GraphQL error before it runs."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.headers = dict(headers or {})
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    return {"errors": [{"message": message, "extensions": {"code": code, "retryable": False}}]}
+
+
+def _is_request_error(result: ExecutionResult) -> bool:
+    # Nothing ran: parse and validation errors, variables that do not coerce.
+    # Errors raised while executing carry the path of their field.
+    errors = result.errors or []
+    return result.data is None and bool(errors) and all(e.path is None for e in errors)
+
+
+class _WebSocketAdapter(ASGIWebSocketAdapter):
+    async def close(self, code: int, reason: str) -> None:
+        # Strawberry closes a refused connection_init with 4403 "Forbidden";
+        # say why when we know (a token without its Bearer scheme, say).
+        if code == 4403:
+            reason = self.ws.scope.get("state", {}).pop(WS_REFUSAL, reason)
+        await super().close(code, reason)
+
+
+class _TransportWS(BaseGraphQLTransportWSHandler[Context, None]):
+    async def handle_subscribe(self, message: SubscribeMessage) -> None:
+        view = self.view
+        if self.connection_acknowledged and isinstance(view, GraphQLOverHTTP):
+            payload = message["payload"]
+            try:
+                query = view.documents.resolve(payload.get("query"), payload.get("extensions"))
+            except PersistedDocumentError as refused:
+                error = GraphQLError(refused.message, extensions={"code": refused.code})
+                await self.send_message(
+                    {"id": message["id"], "type": "error", "payload": [error.formatted]}
+                )
+                return
+            message = {**message, "payload": {**payload, "query": query or ""}}
+        await super().handle_subscribe(message)
+
+
+class GraphQLOverHTTP(GraphQL[Context, None]):
+    websocket_adapter_class = _WebSocketAdapter
+    graphql_transport_ws_handler_class = _TransportWS
+
+    documents: PersistedDocuments
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        request = Request(scope=scope, receive=receive)
+        try:
+            response = await self.run(request)
+        except Refused as refused:
+            response = self._refusal(request, refused)
+        except PersistedDocumentError as refused:
+            response = self._refusal(
+                request, Refused(refused.status, refused.code, refused.message)
+            )
+        except HTTPException as error:
+            headers = {"Allow": "GET, POST"} if error.status_code == 405 else None
+            code = _CODES.get(error.status_code, "BAD_REQUEST")
+            response = self._refusal(
+                request, Refused(error.status_code, code, error.reason, headers)
+            )
+        await response(scope, receive, send)
+
+    def _refusal(self, request: Request, refused: Refused) -> Response:
+        return Response(
+            self.encode_json(error_body(refused.code, refused.message)),
+            status_code=refused.status,
+            media_type=response_media_type(request.headers.get("accept")),
+            headers=refused.headers,
+        )
+
+    def should_render_graphql_ide(self, request: Any) -> bool:
+        return is_ide_request(
+            request.method, request.query_params, request.headers.get("accept", "")
+        )
+
+    async def get_sub_response(self, request: Request | Any) -> Response:
+        sub_response = await super().get_sub_response(request)
+        # Which media type this request's answer takes, for create_response.
+        sub_response.media_type = response_media_type(request.headers.get("accept"))
+        if request.method == "GET":
+            # An answer depends on who asks (tenants) and how: a shared cache
+            # must keep one per token and media type.
+            sub_response.headers["vary"] = "Accept, Authorization"
+        return sub_response
+
+    async def parse_http_body(
+        self, request: AsyncHTTPRequestAdapter
+    ) -> GraphQLRequestData | list[GraphQLRequestData]:
+        data = await super().parse_http_body(request)
+        if isinstance(data, GraphQLRequestData):
+            data.query = self.documents.resolve(data.query, data.extensions)
+        return data
+
+    async def execute_single(
+        self,
+        request: Request,
+        request_adapter: AsyncHTTPRequestAdapter,
+        sub_response: Response,
+        context: Context,
+        root_value: None,
+        request_data: GraphQLRequestData,
+    ) -> ExecutionResult:
+        # A plain JSON answer carries one result: no subscriptions here (they
+        # stream, above), and over GET nothing but queries.
+        get = request_adapter.method == "GET"
+        allowed = {OperationType.QUERY} if get else {OperationType.QUERY, OperationType.MUTATION}
+        try:
+            return await self.schema.execute(
+                request_data.query,
+                root_value=root_value,
+                variable_values=request_data.variables,
+                context_value=context,
+                operation_name=request_data.operation_name,
+                allowed_operation_types=allowed,
+                operation_extensions=request_data.extensions,
+            )
+        except InvalidOperationTypeError as error:
+            if error.operation_type == OperationType.SUBSCRIPTION:
+                raise Refused(400, "BAD_REQUEST", HOW_TO_SUBSCRIBE) from None
+            raise Refused(
+                405,
+                "METHOD_NOT_ALLOWED",
+                "mutations are not allowed over GET: POST them as application/json",
+                {"Allow": "POST"},
+            ) from None
+        except CannotGetOperationTypeError as error:
+            raise Refused(400, "BAD_REQUEST", error.as_http_error_reason()) from None
+        except MissingQueryError:
+            raise Refused(400, "BAD_REQUEST", "no GraphQL document in the request") from None
+
+    async def process_result(
+        self, request: Request, result: ExecutionResult
+    ) -> GraphQLHTTPResponse:
+        response = await super().process_result(request, result)
+        if _is_request_error(result) and (
+            response_media_type(request.headers.get("accept")) == GRAPHQL_RESPONSE
+        ):
+            # The draft: a request error has no data entry (and a 4xx status).
+            response.pop("data", None)
+        return response
+
+    def create_response(
+        self,
+        response_data: GraphQLHTTPResponse | list[GraphQLHTTPResponse],
+        sub_response: Response,
+    ) -> Response:
+        response = super().create_response(response_data, sub_response)
+        media = sub_response.media_type or "application/json"
+        response.headers["content-type"] = media
+        if (
+            media == GRAPHQL_RESPONSE
+            and isinstance(response_data, dict)
+            and "data" not in response_data
+            and not sub_response.status_code
+        ):
+            response.status_code = 400
+        return response
