@@ -130,6 +130,10 @@ class Worker:
         loop = asyncio.get_running_loop()
         next_sweep = 0.0
         while not self._stopping:
+            # Cleared before the claim, not after it: a turn that ends (or is
+            # admitted) while the claim runs leaves the event set, so the loop
+            # claims again at once instead of sleeping a whole poll interval.
+            self._wake.clear()
             try:
                 if loop.time() >= next_sweep:
                     next_sweep = loop.time() + self.settings.claim_poll_s
@@ -137,7 +141,6 @@ class Worker:
                 await self._claim()
             except DatabaseUnavailable:
                 log.warning("worker: database unavailable; retrying")
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.claim_poll_s)
 
