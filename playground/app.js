@@ -674,7 +674,10 @@ function renderAnswer(result, { request, how, before }) {
   renderDelta();
   showAnswerCard();
 
-  if (turn && !ENDED.has(state.statuses.get(turn.id))) {
+  // By the answer's own status, not the live one: a turn.completed event can
+  // arrive before the answer that names the turn, and its output must still
+  // reach this card (turnCompleted answers at once for an ended turn).
+  if (turn && !ENDED.has(turn.status)) {
     const turnId = turn.id;
     state.stopTurn = subscribe(TURN_COMPLETED, { turnId }, (d) => {
       const done = d.turnCompleted;
