@@ -182,6 +182,22 @@ _REFUSED = Statement(
     """
 )
 
+# Settling a write whose answer was lost: the turns this owner holds (a claim
+# that committed unseen leaves one it is not running), and whether a finish
+# under this epoch and owner is already in the record.
+_OWNED_RUNNING = Statement(
+    f"""
+    SELECT {columns(Turn)} FROM turns WHERE owner = :owner AND status = {RUNNING}
+    """
+)
+
+_FINISHED_BY = Statement(
+    """
+    SELECT 1 FROM turns
+    WHERE id = :turn_id AND epoch = :epoch AND owner = :owner AND status = :status
+    """
+)
+
 _HISTORY = Statement(
     f"""
     SELECT input, output, status FROM turns
@@ -255,6 +271,20 @@ async def record_refused_write(
     conn: Conn, *, turn_id: uuid.UUID, epoch: int, attempted: str, by: str
 ) -> None:
     await _REFUSED.execute(conn, turn_id=turn_id, epoch=epoch, attempted=attempted, by=by)
+
+
+async def owned_running(conn: Conn, *, owner: str) -> list[TurnRecord]:
+    return [turn_from(r) for r in await _OWNED_RUNNING.fetch(conn, owner=owner)]
+
+
+async def finished_by(
+    conn: Conn, *, turn_id: uuid.UUID, epoch: int, owner: str, status: TurnStatus
+) -> bool:
+    """Did ``owner`` already end the turn with ``status`` under ``epoch``?"""
+    row = await _FINISHED_BY.fetchrow(
+        conn, turn_id=turn_id, epoch=epoch, owner=owner, status=status
+    )
+    return row is not None
 
 
 async def history(

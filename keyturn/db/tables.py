@@ -23,6 +23,9 @@ from sqlmodel import Field, SQLModel
 from keyturn.db.sql import literal, literals
 from keyturn.domain import ONCE_PER_CALL_EVENTS, EventType, TurnStatus
 
+# Ledger events written at most once per key (the index below).
+_LEDGER_ONCE = (EventType.TOOL_PLANNED, *ONCE_PER_CALL_EVENTS)
+
 # Names for constraints, so migrations and error mapping can refer to them.
 metadata = SQLModel.metadata
 metadata.naming_convention = {
@@ -131,16 +134,19 @@ class Event(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("session_id", "seq"),
         Index("ix_events_turn", "turn_id", "seq"),
-        # The tool ledger: at most one intent, one result and one
-        # reconciliation per call of a turn. A write retried after a lost
-        # connection, or two processes settling one call, cannot append twice.
+        # The tool ledger: at most one plan (keyed by its first call's index),
+        # one intent, one result and one reconciliation per call of a turn
+        # and epoch (a reconciliation names no epoch). A write retried after a
+        # lost connection, or two processes settling one call, cannot append
+        # twice; a turn handed back and claimed again plans anew.
         Index(
             "ux_events_tool_call",
             "turn_id",
             "type",
             text("(data ->> 'index')"),
+            text("(COALESCE(data ->> 'epoch', ''))"),
             unique=True,
-            postgresql_where=text(f"type IN ({literals(ONCE_PER_CALL_EVENTS)})"),
+            postgresql_where=text(f"type IN ({literals(_LEDGER_ONCE)})"),
         ),
         CheckConstraint(EVENT_TYPE_CHECK, name="type_known"),
     )

@@ -46,6 +46,9 @@ from keyturn.runtime.tools import Tools
 log = logging.getLogger(__name__)
 
 MAX_TOOL_CALLS = 64
+# How long one question to a tool about an unknown outcome may take; a store
+# that does not answer in time is asked again later.
+RECONCILE_QUESTION_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,7 @@ class ToolRunner:
         crash: CrashHook,
         lease_ttl_s: float,
         owner: str,
+        question_timeout_s: float = RECONCILE_QUESTION_TIMEOUT_S,
     ) -> None:
         self.engine = engine
         self.model = model
@@ -88,6 +92,7 @@ class ToolRunner:
         self.crash = crash
         self.lease_ttl_s = lease_ttl_s
         self.owner = owner
+        self.question_timeout_s = question_timeout_s
 
     # -- running -----------------------------------------------------------
     async def produce(self, turn: TurnRecord, past: list[PastTurn]) -> str:
@@ -105,9 +110,14 @@ class ToolRunner:
                 self._plan(turn, len(results) + n, request, previous)
                 for n, request in enumerate(requests)
             ]
-            await self._append(
-                turn, EventType.TOOL_PLANNED, {"calls": [p.describe() for p in plans]}
-            )
+            # Keyed by its first call's index and the epoch (the ledger's
+            # unique index), so a retried append cannot plan twice.
+            planned = {
+                "index": len(results),
+                "epoch": turn.epoch,
+                "calls": [p.describe() for p in plans],
+            }
+            await self._append(turn, EventType.TOOL_PLANNED, planned)
             for plan in plans:
                 results.append(await self._call(turn, plan))
         return await self.model.reply(
@@ -218,10 +228,11 @@ class ToolRunner:
     # -- settling ------------------------------------------------------------
     async def reconcile(self, turn_id: uuid.UUID) -> int:
         """Ask IDEMPOTENT tools about every call of an INTERRUPTED turn whose
-        outcome is unknown; save each answer as ``tool.reconciled``."""
+        outcome is unknown; save each answer as ``tool.reconciled``. Returns
+        how many questions went unanswered (worth asking again)."""
         async with connect(self.engine) as conn:
             events = await reads.turn_events(conn, turn_id=turn_id)
-        saved = 0
+        unanswered = 0
         for call in tool_calls(events):
             if call.state is not ToolCallState.OUTCOME_UNKNOWN or call.kind is not (
                 ToolKind.IDEMPOTENT
@@ -231,11 +242,24 @@ class ToolRunner:
             if tool is None or tool.kind is not ToolKind.IDEMPOTENT:
                 continue
             try:
-                applied = await tool.applied(call.effect_key)
-            except Exception:
-                log.exception(
-                    "turn %s: could not ask %s about %s", turn_id, call.tool, call.effect_key
+                applied = await asyncio.wait_for(
+                    tool.applied(call.effect_key), self.question_timeout_s
                 )
+            except ToolError as error:
+                # The tool says it cannot tell: asking again would not help.
+                log.warning(
+                    "turn %s: %s cannot settle %s: %s", turn_id, call.tool, call.effect_key, error
+                )
+                continue
+            except Exception:
+                log.warning(
+                    "turn %s: could not ask %s about %s; will ask again",
+                    turn_id,
+                    call.tool,
+                    call.effect_key,
+                    exc_info=True,
+                )
+                unanswered += 1
                 continue
             async with connect(self.engine) as conn:
                 done = await db.append_reconciled(
@@ -250,12 +274,10 @@ class ToolRunner:
                     },
                 )
             if done is db.Appended.APPENDED:
-                saved += 1
                 self.bus.committed(events[0].session_id)
-        return saved
+        return unanswered
 
-    async def catch_up(self) -> int:
-        """Settle interrupted turns a stopped process left unsettled."""
+    async def unsettled(self) -> list[uuid.UUID]:
+        """Interrupted turns a stopped process left unsettled."""
         async with connect(self.engine) as conn:
-            turn_ids = await db.unsettled_turns(conn)
-        return sum([await self.reconcile(t) for t in turn_ids])
+            return await db.unsettled_turns(conn)

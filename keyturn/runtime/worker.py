@@ -38,6 +38,11 @@ _END_EVENT = {
 }
 
 
+# Settling unknown tool outcomes is retried with a backoff between these bounds.
+_SETTLE_FIRST_DELAY_S = 0.5
+_SETTLE_MAX_DELAY_S = 30.0
+
+
 def new_owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -47,6 +52,8 @@ class _Running:
     turn: TurnRecord
     task: asyncio.Task[None] | None = None
     lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    # The turn ended in the record (finished or handed back), not left to its lease.
+    ended: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,14 @@ class Worker:
             lease_ttl_s=settings.lease_ttl_s,
             owner=owner,
         )
-        self._settled_once = False
+        # Settling runs beside the claim loop, never in it: a slow tool answer
+        # must not keep other sessions' turns queued.
+        self._settling: dict[uuid.UUID, asyncio.Task[None]] = {}
+        self._catch_up_task: asyncio.Task[None] | None = None
+        # (turn, epoch) this worker started and that may still be RUNNING under
+        # it: a claim whose answer was lost is told apart from these.
+        self._started: set[tuple[uuid.UUID, int]] = set()
+        self._claim_unknown = False
         self._running: dict[uuid.UUID, _Running] = {}
         self._wake = asyncio.Event()
         self._stopping = False
@@ -110,6 +124,13 @@ class Worker:
         its supervisor."""
         self._stopping = True
         self._wake.set()
+        settling = [*self._settling.values()]
+        if self._catch_up_task is not None:
+            settling.append(self._catch_up_task)
+        for task in settling:
+            task.cancel()
+        if settling:
+            await asyncio.wait(settling, timeout=10)
         tasks = [r.task for r in self._running.values() if r.task is not None]
         if tasks:
             log.info(
@@ -149,6 +170,7 @@ class Worker:
             turns = await leases.interrupt_expired(conn, by=self.owner)
         for turn in turns:
             self.interrupted += 1
+            self._started.discard((turn.id, turn.epoch))
             log.warning(
                 "turn %s interrupted: lease of %s expired (epoch %s)",
                 turn.id,
@@ -159,22 +181,67 @@ class Worker:
         if turns:
             self._wake.set()  # the next turn of those sessions may now run
         # Ask idempotent tools what the interrupted turns' unknown calls did;
-        # once at start, settle what a stopped process left unsettled.
+        # once at start, settle what a stopped process left unsettled. Both in
+        # tasks of their own: claiming goes on while a tool is slow to answer.
         for turn in turns:
-            await self.runner.reconcile(turn.id)
-        if not self._settled_once:
-            await self.runner.catch_up()
-            self._settled_once = True
+            self._settle_later(turn.id)
+        if self._catch_up_task is None:
+            self._catch_up_task = asyncio.create_task(self._catch_up(), name="keyturn-catch-up")
+
+    def _settle_later(self, turn_id: uuid.UUID) -> None:
+        if turn_id in self._settling or self._stopping:
+            return
+        task = asyncio.create_task(self._settle(turn_id), name=f"keyturn-settle-{turn_id}")
+        self._settling[turn_id] = task
+        task.add_done_callback(lambda _t: self._settling.pop(turn_id, None))
+
+    async def _settle(self, turn_id: uuid.UUID) -> None:
+        """Reconcile one interrupted turn, retrying with a growing delay until
+        every question it can ask has an answer."""
+        delay = _SETTLE_FIRST_DELAY_S
+        while True:
+            try:
+                unanswered = await self.runner.reconcile(turn_id)
+            except Exception:
+                log.warning("turn %s: settling failed; will retry", turn_id, exc_info=True)
+                unanswered = -1
+            if unanswered == 0:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _SETTLE_MAX_DELAY_S)
+
+    async def _catch_up(self) -> None:
+        delay = _SETTLE_FIRST_DELAY_S
+        while True:
+            try:
+                turn_ids = await self.runner.unsettled()
+            except Exception:
+                log.warning("listing unsettled turns failed; will retry", exc_info=True)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _SETTLE_MAX_DELAY_S)
+                continue
+            for turn_id in turn_ids:
+                self._settle_later(turn_id)
+            return
 
     async def _claim(self) -> None:
+        if self._claim_unknown:
+            await self._adopt_lost_claims()
         while not self._stopping:
             free = self.settings.max_running - len(self._running)
             if free <= 0:
                 return
-            async with connect(self.engine) as conn:
-                claim = await leases.claim(
-                    conn, owner=self.owner, ttl_s=self.settings.lease_ttl_s, limit=free
-                )
+            try:
+                async with connect(self.engine) as conn:
+                    claim = await leases.claim(
+                        conn, owner=self.owner, ttl_s=self.settings.lease_ttl_s, limit=free
+                    )
+            except DatabaseUnavailable:
+                # The claim may have committed with its answer lost: its turns
+                # would be RUNNING under this owner with nobody running them.
+                self._claim_unknown = True
+                await self._adopt_lost_claims()
+                return
             if claim.lost_race:
                 log.info("claim lost a race on a session; retrying")
                 continue
@@ -182,13 +249,31 @@ class Worker:
             if not turns:
                 return
             for turn in turns:
-                self.claimed += 1
-                self.bus.committed(turn.session_id)
-                running = _Running(turn)
-                self._running[turn.id] = running
-                running.task = asyncio.create_task(
-                    self._execute(running), name=f"keyturn-turn-{turn.id}"
-                )
+                self._start(turn)
+
+    def _start(self, turn: TurnRecord) -> None:
+        self.claimed += 1
+        self.bus.committed(turn.session_id)
+        running = _Running(turn)
+        self._running[turn.id] = running
+        self._started.add((turn.id, turn.epoch))
+        running.task = asyncio.create_task(self._execute(running), name=f"keyturn-turn-{turn.id}")
+
+    async def _adopt_lost_claims(self) -> None:
+        """Settle a claim whose outcome is unknown, on a fresh connection: a
+        turn RUNNING under this owner that this worker never started was
+        claimed by it, and is run under that epoch. Raises DatabaseUnavailable
+        while the record cannot be read (the next pass tries again)."""
+        async with connect(self.engine) as conn:
+            owned = await leases.owned_running(conn, owner=self.owner)
+        self._claim_unknown = False
+        for turn in owned:
+            if turn.id in self._running or (turn.id, turn.epoch) in self._started:
+                continue
+            log.warning(
+                "turn %s: its claim's answer was lost; running it (epoch %s)", turn.id, turn.epoch
+            )
+            self._start(turn)
 
     # -- one turn --------------------------------------------------------
     async def _execute(self, running: _Running) -> None:
@@ -215,20 +300,22 @@ class Worker:
                 log.warning("turn %s: %s; leaving it to its lease", turn.id, error)
                 return
             except ModelError as error:
-                await self._finish(turn, TurnStatus.FAILED, str(error))
+                running.ended = await self._finish(turn, TurnStatus.FAILED, str(error))
             except Exception:
                 log.exception("turn %s: model raised", turn.id)
-                await self._finish(
+                running.ended = await self._finish(
                     turn, TurnStatus.FAILED, "internal error while producing the reply"
                 )
             else:
-                await self._finish(turn, TurnStatus.COMPLETED, output)
+                running.ended = await self._finish(turn, TurnStatus.COMPLETED, output)
         except asyncio.CancelledError:
             # Shutdown past the grace period: hand the turn back to the queue.
-            await asyncio.shield(self._release(turn))
+            running.ended = await asyncio.shield(self._release(turn))
             raise
         finally:
             renewer.cancel()
+            if running.ended:
+                self._started.discard((turn.id, turn.epoch))
             self._running.pop(turn.id, None)
             self._wake.set()
 
@@ -251,23 +338,39 @@ class Worker:
         return await self.runner.produce(turn, past)
 
     async def _renew(self, running: _Running) -> None:
+        """Renew the lease until the turn ends. Any error is retried: a renewal
+        task that died would let a healthy turn's lease run out. Past the
+        deadline it still tries, since the epoch decides: a renewal the record
+        accepts means nobody has interrupted the turn."""
         turn = running.turn
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.lease_ttl_s
+        delay = self.settings.lease_renew_s
         while True:
-            await asyncio.sleep(self.settings.lease_renew_s)
+            await asyncio.sleep(delay)
+            sent = loop.time()
             try:
                 async with connect(self.engine) as conn:
                     ok = await leases.renew(
                         conn, turn_id=turn.id, epoch=turn.epoch, ttl_s=self.settings.lease_ttl_s
                     )
-            except DatabaseUnavailable:
-                log.warning("turn %s: lease renewal failed; will retry", turn.id)
+            except Exception as error:
+                late = " past its deadline" if loop.time() > deadline else ""
+                log.warning(
+                    "turn %s: lease renewal failed%s (%r); will retry", turn.id, late, error
+                )
+                # Sooner than a regular renewal, to renew before the deadline.
+                delay = self.settings.lease_renew_s / 2
                 continue
             if not ok:
                 running.lease_lost.set()
                 return
+            deadline = sent + self.settings.lease_ttl_s
+            delay = self.settings.lease_renew_s
 
-    async def _finish(self, turn: TurnRecord, status: TurnStatus, text: str) -> None:
-        """COMPLETED with ``text`` as the output, or FAILED with it as the error."""
+    async def _finish(self, turn: TurnRecord, status: TurnStatus, text: str) -> bool:
+        """COMPLETED with ``text`` as the output, or FAILED with it as the error.
+        True when the record holds that end."""
         event_type = _END_EVENT[status]
         output, error = (text, None) if status is TurnStatus.COMPLETED else (None, text)
         data: dict[str, object] = {"status": status, "epoch": turn.epoch}
@@ -277,6 +380,7 @@ class Worker:
             data["error"] = error
         # Retry through a database outage for as long as the lease could hold.
         deadline = asyncio.get_running_loop().time() + self.settings.lease_ttl_s
+        refused = False
         while True:
             try:
                 async with connect(self.engine) as conn:
@@ -290,7 +394,11 @@ class Worker:
                         error=error,
                         data=data,
                     )
-                    if done is None:
+                    # A refusal may be this worker's own earlier attempt, whose
+                    # commit answer was lost: then the turn is finished.
+                    if done is None and not await leases.finished_by(
+                        conn, turn_id=turn.id, epoch=turn.epoch, owner=self.owner, status=status
+                    ):
                         await leases.record_refused_write(
                             conn,
                             turn_id=turn.id,
@@ -304,17 +412,20 @@ class Worker:
                             event_type,
                             turn.epoch,
                         )
+                        refused = True
                 break
             except DatabaseUnavailable:
                 if asyncio.get_running_loop().time() > deadline:
                     log.error(
                         "turn %s: could not record %s; its lease will expire", turn.id, event_type
                     )
-                    return
+                    return False
                 await asyncio.sleep(0.5)
         self.bus.committed(turn.session_id)
+        return not refused
 
-    async def _release(self, turn: TurnRecord) -> None:
+    async def _release(self, turn: TurnRecord) -> bool:
+        """True when the turn went back to the queue."""
         try:
             async with connect(self.engine) as conn:
                 released = await leases.release(
@@ -322,7 +433,9 @@ class Worker:
                 )
         except DatabaseUnavailable:
             log.error("turn %s: could not hand back on shutdown; its lease will expire", turn.id)
-            return
-        if released is not None:
-            log.info("turn %s handed back to the queue", turn.id)
-            self.bus.committed(turn.session_id)
+            return False
+        if released is None:
+            return False
+        log.info("turn %s handed back to the queue", turn.id)
+        self.bus.committed(turn.session_id)
+        return True

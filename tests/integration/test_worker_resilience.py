@@ -1,0 +1,86 @@
+"""The worker under errors it did not expect and a store that answers slowly:
+a lease is renewed through any error, and settling unknown tool outcomes never
+holds up the claiming of other turns."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from keyturn.db import leases
+from keyturn.runtime.tools import SyntheticWrite
+from tests.integration.test_tool_ledger import held_at, settled, take_over
+from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_in_process
+
+
+async def test_a_renewal_that_raises_an_unexpected_error_is_retried(
+    server: InProcessServer, client: GraphQLClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renew = leases.renew
+    failures: list[BaseException] = []
+
+    async def renew_failing_once(conn: Any, **kwargs: Any) -> bool:
+        if not failures:
+            error = RuntimeError("an error nobody classified")
+            failures.append(error)
+            raise error
+        return await renew(conn, **kwargs)
+
+    monkeypatch.setattr(leases, "renew", renew_failing_once)
+    sid = await client.create_session()
+    # Longer than the lease (3s): it completes only if the lease is renewed.
+    tid = (await client.submit(sid, "k", "/sleep 5000"))["turn"]["id"]
+    done = await client.wait_for_status(tid, {"COMPLETED", "INTERRUPTED", "FAILED"}, within=30)
+    assert failures, "the renewal never raised"
+    assert done["status"] == "COMPLETED", done
+    assert "turn.interrupted" not in [e["type"] for e in done["events"]]
+
+
+@pytest.fixture
+async def holding_server(database_url: str) -> AsyncIterator[InProcessServer]:
+    """Tool calls hold after their intent, as if the process had hung there."""
+    settings = fast_settings(crash_at="after_intent:0", crash_after=1_000_000)
+    async with serve_in_process(database_url, settings) as srv:
+        yield srv
+
+
+async def test_a_slow_store_does_not_hold_up_other_sessions(
+    holding_server: InProcessServer, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = GraphQLClient(holding_server.url)
+    store_answers = asyncio.Event()
+    asked: list[str] = []
+    applied = SyntheticWrite.applied
+
+    async def slow_applied(self: SyntheticWrite, effect_key: str) -> bool:
+        asked.append(effect_key)
+        await store_answers.wait()
+        return await applied(self, effect_key)
+
+    monkeypatch.setattr(SyntheticWrite, "applied", slow_applied)
+    try:
+        sid = await client.create_session()
+        w = (await client.submit(sid, "w", "/write a=1"))["turn"]["id"]
+        await held_at(db, w, 4)  # started, running, planned, intent
+        await take_over(db, w)
+        await client.wait_for_status(w, {"INTERRUPTED"})
+        # The store is being asked and does not answer; other sessions' turns run.
+        other = await client.create_session()
+        plain = [
+            (await client.submit(other, f"p{i}", f"hello {i}"))["turn"]["id"] for i in range(3)
+        ]
+        for tid in plain:
+            assert (await client.wait_for_status(tid, {"COMPLETED"}, within=10))["output"]
+        assert asked and set(asked) == {f"{w}/0"}
+        # Once the store answers, the interrupted turn's call is settled.
+        store_answers.set()
+        t = await settled(client, w, within=60)
+        assert [c["state"] for c in t["toolCalls"]] == ["RECONCILED_NOT_APPLIED"]
+        reconciled = [e for e in t["events"] if e["type"] == "tool.reconciled"]
+        assert len(reconciled) == 1
+    finally:
+        store_answers.set()
+        await client.close()
