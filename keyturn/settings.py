@@ -12,6 +12,10 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# Also what a request's context holds when it is built without settings.
+DEFAULT_MAX_QUERY_COST = 200_000
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KEYTURN_", extra="ignore")
@@ -27,6 +31,21 @@ class Settings(BaseSettings):
 
     # Database connections per process; requests beyond it wait for one.
     pool_size: int = Field(default=20, ge=1)
+    # How long a request waits for a connection of the pool before it answers
+    # UNAVAILABLE (retryable). A few seconds: longer than a burst lasts, and
+    # shorter than the client's own timeout, so the client hears why and may
+    # retry with the same key rather than give up on a silent connection.
+    pool_timeout_s: float = Field(default=5.0, gt=0)
+    # The worker's own pool (claims, lease renewals, finishes, the tool
+    # ledger), apart from the requests', so that no burst of reads delays a
+    # renewal. Unset: max_running_turns + 2, room for every running turn to
+    # renew at the same moment plus the claim loop and its sweep.
+    work_pool_size: int | None = Field(default=None, ge=1)
+    # GraphQL requests over HTTP one tenant may have running at once in a
+    # process (the open server is the one tenant ""); the next ones wait
+    # briefly, then answer UNAVAILABLE. Unset: half the pool, at least 1, so
+    # one tenant can never hold every connection while others wait.
+    tenant_max_concurrent: int | None = Field(default=None, ge=1)
     # Added to every turn the fixture model runs, in milliseconds.
     fixture_delay_ms: int = Field(default=0, ge=0)
     # Turns this process runs at once (across sessions; one per session always).
@@ -66,6 +85,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     max_subscriptions_per_connection: int = Field(default=100, ge=1)
     max_query_depth: int = Field(default=10, ge=1)
+    # What a query may cost (keyturn.schema.cost: page sizes times what they
+    # select), checked before it runs; and how large its answer may grow.
+    max_query_cost: int = Field(default=DEFAULT_MAX_QUERY_COST, ge=1)
+    max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1024)
     connection_init_timeout_s: float = Field(default=10.0, gt=0)
     # Persisted documents (keyturn.http.persisted): ``auto`` learns a document
     # the first time its text comes with its hash (Apollo's APQ);
@@ -87,3 +110,13 @@ class Settings(BaseSettings):
     metrics_multiproc_dir: Path | None = Field(
         default=None, validation_alias=AliasChoices("PROMETHEUS_MULTIPROC_DIR")
     )
+
+    @property
+    def work_pool(self) -> int:
+        """The worker's pool size, ``work_pool_size`` or its default."""
+        return self.work_pool_size or self.max_running_turns + 2
+
+    @property
+    def tenant_concurrency(self) -> int:
+        """One tenant's running requests, ``tenant_max_concurrent`` or its default."""
+        return self.tenant_max_concurrent or max(1, self.pool_size // 2)

@@ -184,7 +184,7 @@ async def raw_connect(url: str, *, server_settings: dict[str, str] | None = None
     return await asyncpg.connect(**connect_params(url, server_settings=server_settings))
 
 
-def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+def create_engine(url: str, *, pool_size: int = 10, pool_timeout: float = 30.0) -> AsyncEngine:
     params = connect_params(url)
 
     async def _connect() -> Any:
@@ -196,6 +196,9 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         sqlalchemy_url(url),
         async_creator=_connect,
         pool_size=pool_size,
+        # Seconds a checkout waits for a free connection before
+        # ``connect`` raises DatabaseUnavailable (the pool's TimeoutError).
+        pool_timeout=pool_timeout,
         # Every statement of the runtime is its own transaction (one round
         # trip); set once here rather than on every checkout (~25 µs each).
         # Migrations ask for a real transaction (keyturn.db.migrate).

@@ -15,6 +15,7 @@ from sqlalchemy import exc as sa_exc
 # Everything the driver and the pool raise for a failed statement or connection.
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     sa_exc.DBAPIError,
+    sa_exc.TimeoutError,
     OSError,
     ConnectionError,
     asyncpg.PostgresError,
@@ -40,6 +41,10 @@ def sqlstate_of(error: BaseException) -> str | None:
 
 
 def is_unavailable(error: BaseException) -> bool:
+    if isinstance(error, sa_exc.TimeoutError):
+        # No connection of the pool came free within its timeout: the process
+        # is saturated for now, which a retry may find otherwise.
+        return True
     if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
         return True
     if isinstance(

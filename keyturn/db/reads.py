@@ -9,6 +9,7 @@ from datetime import datetime
 from keyturn.db.engine import Conn
 from keyturn.db.records import (
     EventRecord,
+    Row,
     SessionRecord,
     TurnRecord,
     event_from,
@@ -71,6 +72,33 @@ _TURN_AND_SEQ = Statement(
     "FROM turns t JOIN sessions s ON s.id = t.session_id WHERE t.id = :id AND s.tenant = :tenant"
 )
 _SEQS = Statement("SELECT id, event_seq FROM sessions WHERE id = ANY(:ids)")
+
+# Batches: one statement answers for many sessions or turns at once (a page
+# of sessions with their turns, a page of turns with their events, is a
+# handful of statements, not one per row). Each page is the same window the
+# single-session statements above read, taken per session by a LATERAL join;
+# a session with no turns still yields its row (and its count of 0).
+_TURN_PAGE_COLUMNS = columns(Turn, alias="t")
+_BATCH_PAGE = (
+    "SELECT s.id AS page_session, c.n AS page_total, {turn} "
+    "FROM unnest(CAST(:ids AS uuid[])) AS s(id) "
+    "CROSS JOIN LATERAL (SELECT count(*) AS n FROM turns WHERE session_id = s.id) c "
+    "LEFT JOIN LATERAL (SELECT * FROM turns WHERE session_id = s.id AND {window} "
+    "ORDER BY {order} LIMIT :limit) t ON true "
+    # A join's rows come in no promised order: the page's order is restated.
+    "ORDER BY s.id, t.{order}"
+)
+_TURNS_AFTER_BATCH = Statement(
+    _BATCH_PAGE.format(turn=_TURN_PAGE_COLUMNS, window="admit_seq > :after", order="admit_seq")
+)
+_TURNS_BEFORE_BATCH = Statement(
+    _BATCH_PAGE.format(
+        turn=_TURN_PAGE_COLUMNS, window="admit_seq < :before", order="admit_seq DESC"
+    )
+)
+_EVENTS_OF_TURNS = Statement(
+    f"SELECT {_EVENT_COLUMNS} FROM events WHERE turn_id = ANY(:ids) ORDER BY turn_id, seq"
+)
 
 
 async def create_session(conn: Conn, *, tenant: str, default_history: History) -> SessionRecord:
@@ -155,6 +183,46 @@ async def event(conn: Conn, *, tenant: str, event_id: int) -> EventRecord | None
 
 async def turn_events(conn: Conn, *, turn_id: uuid.UUID) -> list[EventRecord]:
     return [event_from(r) for r in await _TURN_EVENTS.fetch(conn, turn_id=turn_id)]
+
+
+def _pages(
+    rows: Sequence[Row], session_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, tuple[list[TurnRecord], int]]:
+    pages: dict[uuid.UUID, tuple[list[TurnRecord], int]] = {}
+    for r in rows:
+        page, _ = pages.setdefault(r["page_session"], ([], int(r["page_total"])))
+        if r["id"] is not None:  # the outer join's row for a session with no turns
+            page.append(turn_from(r))
+    return {sid: pages.get(sid, ([], 0)) for sid in session_ids}
+
+
+async def turns_after_batch(
+    conn: Conn, *, session_ids: Sequence[uuid.UUID], after: int, limit: int
+) -> dict[uuid.UUID, tuple[list[TurnRecord], int]]:
+    """Per session: ``turns_after`` and ``turn_count``, for all of them in one statement."""
+    ids = list(dict.fromkeys(session_ids))
+    rows = await _TURNS_AFTER_BATCH.fetch(conn, ids=ids, after=after, limit=limit)
+    return _pages(rows, ids)
+
+
+async def turns_before_batch(
+    conn: Conn, *, session_ids: Sequence[uuid.UUID], before: int, limit: int
+) -> dict[uuid.UUID, tuple[list[TurnRecord], int]]:
+    """Per session: ``turns_before`` (latest first) and ``turn_count``, in one statement."""
+    ids = list(dict.fromkeys(session_ids))
+    rows = await _TURNS_BEFORE_BATCH.fetch(conn, ids=ids, before=before, limit=limit)
+    return _pages(rows, ids)
+
+
+async def events_of_turns(
+    conn: Conn, *, turn_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, list[EventRecord]]:
+    """Each turn's events in seq order (a turn with none maps to an empty list)."""
+    ids = list(dict.fromkeys(turn_ids))
+    found: dict[uuid.UUID, list[EventRecord]] = {tid: [] for tid in ids}
+    for r in await _EVENTS_OF_TURNS.fetch(conn, ids=ids):
+        found[r["turn_id"]].append(event_from(r))
+    return found
 
 
 async def session_seqs(conn: Conn, *, session_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:

@@ -27,13 +27,14 @@ from strawberry.types.unset import UnsetType
 from keyturn.db import embedded
 from keyturn.db.engine import create_engine
 from keyturn.http import health, metrics
+from keyturn.http.fairness import Fairness
 from keyturn.http.graphiql import graphiql_mount, page_response
 from keyturn.http.guard import AuthorizationProblem, Guard, bearer_token
 from keyturn.http.persisted import PersistedDocuments
 from keyturn.http.playground import playground_mount
 from keyturn.http.protocol import WS_REFUSAL, GraphQLOverHTTP
 from keyturn.http.requestlog import RequestLog
-from keyturn.resolvers.context import Context
+from keyturn.resolvers.context import Context, QueryLimits
 from keyturn.runtime.auth import Authenticator
 from keyturn.runtime.process import Runtime
 from keyturn.schema import MAX_DEPTH, build_schema, schema
@@ -67,8 +68,13 @@ class KeyturnGraphQL(GraphQLOverHTTP):
         # HTTP requests were authenticated by the Guard, which left the tenant
         # in the scope; WebSockets authenticate in on_ws_connect.
         tenant = request.scope.get("state", {}).get("tenant", "")
+        runtime = self._state["runtime"]
         return Context(
-            runtime=self._state["runtime"], request=request, response=response, tenant=tenant
+            runtime=runtime,
+            request=request,
+            response=response,
+            tenant=tenant,
+            limits=QueryLimits.of(runtime.settings),
         )
 
     async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
@@ -129,7 +135,9 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         url = database_url or embedded.resolve_url(settings.database_url, settings.data_dir)[0]
-        engine = create_engine(url, pool_size=settings.pool_size)
+        engine = create_engine(
+            url, pool_size=settings.pool_size, pool_timeout=settings.pool_timeout_s
+        )
         runtime = Runtime(
             engine=engine, settings=settings, database_url=url, stats=metrics.PrometheusStats()
         )
@@ -184,6 +192,8 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
                 max_body_bytes=settings.max_body_bytes,
                 metrics_public=settings.metrics_public,
             ),
+            # Inside the Guard, which names the request's tenant.
+            Middleware(Fairness, limit=settings.tenant_concurrency, wait_s=settings.pool_timeout_s),
         ],
         lifespan=lifespan,
     )

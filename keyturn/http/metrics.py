@@ -7,10 +7,10 @@ before the workers start, every worker writes its samples there, and whichever
 answers the scrape sums them all (prometheus-client's multiprocess mode).
 
 Counters and the latency histogram are updated where things happen; gauges
-that describe a process (pool, subscriptions, running turns) are sampled once
-a second by each process, so that multiprocess mode sees them too. Turns by
-status come from the database at scrape time: the record is the truth, and it
-is the same whichever process answers.
+that describe a process (the request and work pools, subscriptions, running
+turns) are sampled once a second by each process, so that multiprocess mode
+sees them too. Turns by status come from the database at scrape time: the
+record is the truth, and it is the same whichever process answers.
 """
 
 from __future__ import annotations
@@ -77,6 +77,16 @@ POOL_SIZE = Gauge(
     "Database connections the pool keeps",
     multiprocess_mode="livesum",
 )
+WORK_POOL_IN_USE = Gauge(
+    "keyturn_work_pool_connections_in_use",
+    "Database connections checked out of the worker's pool (claims, renewals, finishes)",
+    multiprocess_mode="livesum",
+)
+WORK_POOL_SIZE = Gauge(
+    "keyturn_work_pool_connections_size",
+    "Database connections the worker's pool keeps",
+    multiprocess_mode="livesum",
+)
 LISTENER_RECONNECTS = Counter(
     "keyturn_listener_reconnects", "Times the LISTEN connection was lost and opened again"
 )
@@ -118,6 +128,9 @@ def sample(runtime: Runtime) -> None:
     pool: Any = runtime.engine.pool
     POOL_IN_USE.set(pool.checkedout())
     POOL_SIZE.set(pool.size())
+    work_pool: Any = runtime.work_engine.pool
+    WORK_POOL_IN_USE.set(work_pool.checkedout())
+    WORK_POOL_SIZE.set(work_pool.size())
     SUBSCRIPTIONS.set(runtime.bus.subscriber_count)
     RUNNING.set(runtime.worker.running_count)
     for attr, counter in (("interrupted", INTERRUPTIONS), ("reconnects", LISTENER_RECONNECTS)):

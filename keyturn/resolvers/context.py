@@ -1,11 +1,87 @@
-"""What every resolver receives: the process's runtime."""
+"""What every resolver receives: the process's runtime, and the request's loaders."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
+from strawberry.dataloader import DataLoader
+
+from keyturn.db.records import EventRecord, TurnRecord
 from keyturn.runtime.process import Runtime
+from keyturn.runtime.reads import Reads
+from keyturn.settings import DEFAULT_MAX_QUERY_COST, DEFAULT_MAX_RESPONSE_BYTES, Settings
+
+
+@dataclass(frozen=True, slots=True)
+class QueryLimits:
+    """What one operation may cost before it runs, and how large its answer may grow."""
+
+    max_query_cost: int = DEFAULT_MAX_QUERY_COST
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+
+    @classmethod
+    def of(cls, settings: Settings) -> QueryLimits:
+        return cls(settings.max_query_cost, settings.max_response_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPageKey:
+    """One session's page of turns: the window of keyturn.resolvers.sessions."""
+
+    session_id: uuid.UUID
+    backward: bool
+    cursor: int  # after (forward) or before (backward)
+    limit: int  # rows to read: the page's size plus one, to tell whether there is more
+
+
+TurnPage = tuple[list[TurnRecord], int]  # the rows, and the session's count of turns
+
+
+class Loaders:
+    """Batches the reads a page of sessions or turns makes for each of its
+    rows: every session's turns, every turn's events (and, from them, its
+    tool calls), in one statement per level instead of one per row.
+
+    Nothing is cached (``cache=False``): a WebSocket connection keeps one
+    context for as long as it stays open, and a cache there would answer a
+    later operation with what an earlier one read. A turn's events and tool
+    calls are asked for in the same batch, which reads each turn once.
+    """
+
+    def __init__(self, reads: Reads) -> None:
+        self._reads = reads
+        self.turn_pages: DataLoader[TurnPageKey, TurnPage] = DataLoader(
+            self._turn_pages, cache=False
+        )
+        self.turn_events: DataLoader[uuid.UUID, list[EventRecord]] = DataLoader(
+            self._turn_events, cache=False
+        )
+
+    async def _turn_pages(self, keys: list[TurnPageKey]) -> list[TurnPage]:
+        # Sessions of one page all ask for the same window; one statement per window.
+        windows: dict[tuple[bool, int, int], list[uuid.UUID]] = defaultdict(list)
+        for key in keys:
+            windows[(key.backward, key.cursor, key.limit)].append(key.session_id)
+        found: dict[TurnPageKey, TurnPage] = {}
+        for (backward, cursor, limit), session_ids in windows.items():
+            if backward:
+                pages = await self._reads.turns_before_batch(
+                    session_ids=session_ids, before=cursor, limit=limit
+                )
+            else:
+                pages = await self._reads.turns_batch(
+                    session_ids=session_ids, after=cursor, limit=limit
+                )
+            for sid, page in pages.items():
+                found[TurnPageKey(sid, backward, cursor, limit)] = page
+        return [found[key] for key in keys]
+
+    async def _turn_events(self, turn_ids: list[uuid.UUID]) -> list[list[EventRecord]]:
+        found = await self._reads.events_of_turns(turn_ids)
+        return [found[tid] for tid in turn_ids]
 
 
 @dataclass
@@ -17,3 +93,8 @@ class Context:
     tenant: str = ""
     # The WebSocket connection_init payload (set by Strawberry).
     connection_params: dict[str, Any] | None = None
+    limits: QueryLimits = field(default_factory=QueryLimits)
+    loaders: Loaders = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.loaders = Loaders(self.runtime.reads)

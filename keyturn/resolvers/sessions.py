@@ -7,7 +7,7 @@ import uuid
 from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
 from keyturn.domain import History
 from keyturn.errors import InvalidArgument
-from keyturn.resolvers.context import Context
+from keyturn.resolvers.context import Context, TurnPageKey
 from keyturn.resolvers.pagination import (
     Page,
     check_first,
@@ -65,13 +65,12 @@ async def session_turns(
     before: str | None = None,
 ) -> Page[TurnRecord]:
     window = seq_window("turn", first=first, after=after, last=last, before=before, default=20)
-    reads = ctx.runtime.reads
+    # Through the request's loader: a page of sessions reads all their turns at once.
     if window.backward:
-        rows, total = await reads.turns_before(
-            session_id=session_id,
-            before=_END if window.cursor is None else window.cursor,
-            limit=window.limit + 1,
+        key = TurnPageKey(
+            session_id, True, _END if window.cursor is None else window.cursor, window.limit + 1
         )
+        rows, total = await ctx.loaders.turn_pages.load(key)
         items = rows[: window.limit][::-1]
         return Page(
             items,
@@ -80,9 +79,8 @@ async def session_turns(
             total=total,
             has_previous=len(rows) > window.limit,
         )
-    rows, total = await reads.turns(
-        session_id=session_id, after=window.cursor or 0, limit=window.limit + 1
-    )
+    key = TurnPageKey(session_id, False, window.cursor or 0, window.limit + 1)
+    rows, total = await ctx.loaders.turn_pages.load(key)
     items = rows[: window.limit]
     return Page(
         items,

@@ -8,6 +8,7 @@ from keyturn.resolvers.context import Context
 from keyturn.resolvers.sessions import parse_id
 from keyturn.runtime.admission import Admission
 from keyturn.runtime.ledger import ToolCallView
+from keyturn.runtime.ledger import tool_calls as ledger_tool_calls
 from keyturn.runtime.validation import TurnRequest
 
 
@@ -29,9 +30,12 @@ async def get_turn(ctx: Context, *, turn_id: str) -> TurnRecord | None:
 
 
 async def turn_events(ctx: Context, *, turn: TurnRecord) -> list[EventRecord]:
-    # ``turn`` was found under ctx.tenant.
-    return await ctx.runtime.reads.turn_events(turn.id)
+    # ``turn`` was found under ctx.tenant. Through the request's loader: a
+    # page of turns reads all their events at once.
+    return await ctx.loaders.turn_events.load(turn.id)
 
 
 async def tool_calls(ctx: Context, *, turn: TurnRecord) -> list[ToolCallView]:
-    return await ctx.runtime.reads.tool_calls(turn.id)
+    """What the tool ledger establishes from the turn's events (read in the
+    same batch as the turn's ``events`` when both are asked for)."""
+    return ledger_tool_calls(await ctx.loaders.turn_events.load(turn.id))

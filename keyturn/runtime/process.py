@@ -63,8 +63,15 @@ class Runtime:
         # The synthetic tools' store has its own connections: its writes are
         # never in a transaction of the runtime's record.
         self.store_engine = create_engine(database_url, pool_size=2)
+        # The worker's writes (claims, lease renewals, finishes, the tool
+        # ledger) and the history a running turn reads have their own pool:
+        # however many requests wait for a connection of theirs, a renewal
+        # never queues behind them and a running turn keeps its lease.
+        self.work_engine = create_engine(
+            database_url, pool_size=settings.work_pool, pool_timeout=settings.pool_timeout_s
+        )
         self.worker = Worker(
-            engine=engine,
+            engine=self.work_engine,
             model=model or FixtureModel(delay_ms=settings.fixture_delay_ms),
             bus=self.bus,
             settings=WorkerSettings(
@@ -113,6 +120,7 @@ class Runtime:
         self.bus.stop()
         await self.listener.stop()
         await self.store_engine.dispose()
+        await self.work_engine.dispose()
 
     # -- writes ------------------------------------------------------------
     # Every method a client reaches names the caller's tenant; sessions, turns

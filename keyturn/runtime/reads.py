@@ -7,6 +7,7 @@ runs the queries of :mod:`keyturn.db.reads` and hands up plain records.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 
 from keyturn.db import reads
@@ -50,6 +51,24 @@ class Reads:
             page = await reads.turns_before(conn, session_id=session_id, before=before, limit=limit)
             return page, await reads.turn_count(conn, session_id=session_id)
 
+    async def turns_batch(
+        self, *, session_ids: Sequence[uuid.UUID], after: int, limit: int
+    ) -> dict[uuid.UUID, tuple[list[TurnRecord], int]]:
+        """:meth:`turns` for many sessions in one statement."""
+        async with connect(self.engine) as conn:
+            return await reads.turns_after_batch(
+                conn, session_ids=session_ids, after=after, limit=limit
+            )
+
+    async def turns_before_batch(
+        self, *, session_ids: Sequence[uuid.UUID], before: int, limit: int
+    ) -> dict[uuid.UUID, tuple[list[TurnRecord], int]]:
+        """:meth:`turns_before` for many sessions in one statement."""
+        async with connect(self.engine) as conn:
+            return await reads.turns_before_batch(
+                conn, session_ids=session_ids, before=before, limit=limit
+            )
+
     async def events(self, *, session_id: uuid.UUID, after: int, limit: int) -> list[EventRecord]:
         async with connect(self.engine) as conn:
             return await reads.events_after(conn, session_id=session_id, after=after, limit=limit)
@@ -70,6 +89,13 @@ class Reads:
     async def turn_events(self, turn_id: uuid.UUID) -> list[EventRecord]:
         async with connect(self.engine) as conn:
             return await reads.turn_events(conn, turn_id=turn_id)
+
+    async def events_of_turns(
+        self, turn_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, list[EventRecord]]:
+        """:meth:`turn_events` for many turns in one statement."""
+        async with connect(self.engine) as conn:
+            return await reads.events_of_turns(conn, turn_ids=turn_ids)
 
     async def tool_calls(self, turn_id: uuid.UUID) -> list[ToolCallView]:
         """What the tool ledger establishes about the turn's calls (the turn

@@ -33,6 +33,18 @@ from keyturn.schema.results import InvalidInput
 log = logging.getLogger(__name__)
 
 
+class ResponseTooLarge(Exception):
+    """A result grew past the response limit (KEYTURN_MAX_RESPONSE_BYTES); the
+    answer is this error alone, with no data."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the response would be larger than the limit of {limit} bytes: ask for fewer "
+            "items or fewer large fields (input, output, data)"
+        )
+        self.limit = limit
+
+
 @dataclass(frozen=True, slots=True)
 class Public:
     code: str
@@ -46,6 +58,7 @@ PUBLIC: dict[type[Exception], Public] = {
     NotFound: Public("NOT_FOUND", retryable=False),
     DatabaseUnavailable: Public("UNAVAILABLE", retryable=True),
     ShuttingDown: Public("SHUTTING_DOWN", retryable=True),
+    ResponseTooLarge: Public("RESPONSE_TOO_LARGE", retryable=False),
 }
 
 

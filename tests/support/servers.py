@@ -51,8 +51,16 @@ async def serve_in_process(
     database_url: str, settings: Settings | None = None
 ) -> AsyncIterator[InProcessServer]:
     port = free_port()
-    app = create_app(settings or fast_settings(), database_url=database_url)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    settings = settings or fast_settings()
+    app = create_app(settings, database_url=database_url)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        ws_max_size=settings.max_body_bytes,  # as `keyturn serve` sets it
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -95,6 +95,18 @@ class StandInReads:
     ) -> tuple[list[TurnRecord], int]:
         self._runtime.called("reads.turns")
         return [TURN][:limit], 1
+
+    async def turns_batch(
+        self, *, session_ids: Sequence[uuid.UUID], after: int, limit: int
+    ) -> dict[uuid.UUID, tuple[list[TurnRecord], int]]:
+        self._runtime.called("reads.turns_batch")
+        return {sid: ([TURN][:limit], 1) for sid in session_ids}
+
+    async def events_of_turns(
+        self, turn_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, list[EventRecord]]:
+        self._runtime.called("reads.events_of_turns")
+        return {tid: [EVENT] for tid in turn_ids}
 
     async def events(self, *, session_id: uuid.UUID, after: int, limit: int) -> list[EventRecord]:
         self._runtime.called("reads.events")
@@ -444,7 +456,7 @@ async def test_the_deepest_query_the_schema_has_is_within_max_depth() -> None:
     assert "errors" not in body
     turns = body["data"]["sessions"]["edges"][0]["node"]["turns"]
     assert turns["edges"][0]["node"]["events"] == [{"data": {"input": "hello"}}]
-    assert runtime.calls == ["reads.sessions", "reads.turns", "reads.turn_events"]
+    assert runtime.calls == ["reads.sessions", "reads.turns_batch", "reads.events_of_turns"]
 
 
 @pytest.mark.parametrize("limit", [DEEPEST_DEPTH - 1, 3])

@@ -1,0 +1,163 @@
+"""Fairness between tenants: at most N GraphQL requests of one tenant run at
+once in a process, so that one tenant's flood of legal reads cannot take every
+connection of the pool while other tenants wait.
+
+A request counts from the moment it passes the Guard (which names its tenant)
+until its answer starts: a query's or mutation's work is done by then, and a
+subscription streamed over HTTP holds no connection while it waits for events.
+WebSockets are not counted at all, for the same reason. The next requests of a
+tenant at its limit wait their turn, in order, for at most ``wait_s``; a
+request that waits longer, or finds :data:`QUEUE_PER_SLOT` requests per slot
+already waiting, is answered 503 ``UNAVAILABLE`` (retryable, with
+``Retry-After``) and never runs.
+An open server (no tokens) is one tenant, "": the limit is then every
+client's together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from keyturn.http.media import response_media_type
+
+# Waiting requests hold no connection, only their buffered bodies: the queue
+# takes a client's ordinary burst (a hundred parallel requests of one page)
+# and the wait, not the queue, is what turns a flood away.
+QUEUE_PER_SLOT = 32
+
+
+class _Share:
+    """One tenant's running requests and the ones waiting for a slot."""
+
+    __slots__ = ("running", "waiting")
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def idle(self) -> bool:
+        return self.running == 0 and not self.waiting
+
+    def leave(self) -> None:
+        # The slot goes to the oldest waiter still waiting, or is freed.
+        while self.waiting:
+            waiter = self.waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.running -= 1
+
+
+class Fairness:
+    def __init__(self, app: ASGIApp, *, limit: int, wait_s: float) -> None:
+        self.app = app
+        self.limit = limit
+        self.queue = limit * QUEUE_PER_SLOT
+        self.wait_s = wait_s
+        self._shares: dict[str, _Share] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tenant = scope.get("state", {}).get("tenant") if scope["type"] == "http" else None
+        if tenant is None or scope["path"] != "/graphql":
+            # Not a GraphQL request the Guard let through (a refusal it already
+            # sent, a page, /metrics, a WebSocket).
+            await self.app(scope, receive, send)
+            return
+        share = self._shares.setdefault(tenant, _Share())
+        if not await self._enter(share):
+            self._forget_if_idle(tenant, share)
+            await _unavailable(scope, send)
+            return
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                share.leave()
+                self._forget_if_idle(tenant, share)
+
+        async def send_releasing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                release()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_releasing)
+        finally:
+            release()
+
+    async def _enter(self, share: _Share) -> bool:
+        if share.running < self.limit and not share.waiting:
+            share.running += 1
+            return True
+        if len(share.waiting) >= self.queue:
+            return False
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        share.waiting.append(waiter)
+        try:
+            async with asyncio.timeout(self.wait_s):
+                await waiter
+        except TimeoutError:
+            if waiter.done() and not waiter.cancelled():
+                return True  # the slot was handed over as the wait ran out
+            _discard(share, waiter)
+            return False
+        except asyncio.CancelledError:
+            # The client left while waiting: a slot handed over meanwhile
+            # goes on to the next waiter.
+            if waiter.done() and not waiter.cancelled():
+                share.leave()
+            else:
+                _discard(share, waiter)
+            raise
+        return True
+
+    def _forget_if_idle(self, tenant: str, share: _Share) -> None:
+        # Bounded memory: only tenants with requests in flight are kept.
+        if share.idle() and self._shares.get(tenant) is share:
+            del self._shares[tenant]
+
+
+def _discard(share: _Share, waiter: asyncio.Future[Any]) -> None:
+    try:
+        share.waiting.remove(waiter)
+    except ValueError:
+        pass
+
+
+async def _unavailable(scope: Scope, send: Send) -> None:
+    # The shape of the Guard's refusals and of GraphQL's own errors: a retry
+    # (with the same idempotency key) may succeed once the tenant's earlier
+    # requests have been answered.
+    body = orjson.dumps(
+        {
+            "errors": [
+                {
+                    "message": "too many requests of this tenant at once; retry",
+                    "extensions": {"code": "UNAVAILABLE", "retryable": True},
+                }
+            ]
+        }
+    )
+    accept = None
+    for key, value in scope.get("headers", []):
+        if key == b"accept":
+            accept = value.decode("latin-1")
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", response_media_type(accept).encode()),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
