@@ -32,6 +32,18 @@ class NotFound(KeyturnError):
     """Not found."""
 
 
+class ResponseTooLarge(KeyturnError):
+    """The response would grow past the limit (KEYTURN_MAX_RESPONSE_BYTES); the
+    answer is this error alone, with no data."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the response would be larger than the limit of {limit} bytes: ask for fewer "
+            "items or fewer large fields (input, output, data)"
+        )
+        self.limit = limit
+
+
 class TokenNameTaken(KeyturnError):
     """A token with that name exists already."""
 

@@ -10,8 +10,8 @@ tenant at its limit wait their turn, in order, for at most ``wait_s``; a
 request that waits longer, or finds :data:`QUEUE_PER_SLOT` requests per slot
 already waiting, is answered 503 ``UNAVAILABLE`` (retryable, with
 ``Retry-After``) and never runs.
-An open server (no tokens) is one tenant, "": the limit is then every
-client's together.
+An open server (no tokens) has one tenant, "", and nobody else to be fair
+to: its requests are not counted.
 """
 
 from __future__ import annotations
@@ -63,9 +63,10 @@ class Fairness:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         tenant = scope.get("state", {}).get("tenant") if scope["type"] == "http" else None
-        if tenant is None or scope["path"] != "/graphql":
+        if not tenant or scope["path"] != "/graphql":
             # Not a GraphQL request the Guard let through (a refusal it already
-            # sent, a page, /metrics, a WebSocket).
+            # sent, a page, /metrics, a WebSocket), or a server running open:
+            # with no tokens there is one tenant and nobody to be fair to.
             await self.app(scope, receive, send)
             return
         share = self._shares.setdefault(tenant, _Share())

@@ -95,6 +95,10 @@ class Context:
     connection_params: dict[str, Any] | None = None
     limits: QueryLimits = field(default_factory=QueryLimits)
     loaders: Loaders = field(init=False)
+    # What the operation's large fields have put in its answer so far, in
+    # bytes (keyturn.schema.budget); reset when an operation starts.
+    response_bytes: int = 0
+    response_too_large: bool = False
 
     def __post_init__(self) -> None:
         self.loaders = Loaders(self.runtime.reads)

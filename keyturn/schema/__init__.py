@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
-from inspect import isawaitable
+from collections.abc import Iterator
 from typing import Any
 
 import strawberry
-from graphql import ASTValidationRule, GraphQLError, OperationType
+from graphql import ASTValidationRule, GraphQLError
 from strawberry.extensions import (
     AddValidationRules,
     DisableIntrospection,
@@ -20,8 +19,9 @@ from strawberry.extensions.max_aliases import create_validator as alias_rule
 from strawberry.extensions.query_depth_limiter import create_validator as depth_rule
 from strawberry.types import ExecutionContext
 
+from keyturn.errors import ResponseTooLarge
 from keyturn.schema.cost import cost_rule
-from keyturn.schema.errors import PublicErrors, ResponseTooLarge, log_unexpected
+from keyturn.schema.errors import PublicErrors, log_unexpected
 from keyturn.schema.root import Mutation, Query, Subscription
 from keyturn.schema.types import Event, Session, Turn
 
@@ -43,78 +43,34 @@ MAX_ALIASES = 30
 MAX_TOKENS = 2000
 
 
-def _size(value: Any) -> int:
-    """About how many bytes ``value`` adds to the JSON answer. Objects count
-    nothing here: their fields are counted as they resolve."""
-    if isinstance(value, str):
-        return len(value) if value.isascii() else len(value.encode())
-    if isinstance(value, dict):  # JSON scalars (Event.data, tool arguments and results)
-        return sum(_size(k) + _size(v) + 4 for k, v in value.items()) + 2
-    if isinstance(value, list):
-        return sum(_size(v) + 1 for v in value) + 2
-    if value is None or isinstance(value, bool | int | float):
-        return 8
-    return 0
-
-
 class RequestLimits(SchemaExtension):
     """The limits of one operation, from its context (the settings): its cost,
-    checked with validation (keyturn.schema.cost), and its answer's size.
-
-    The size adds up what every resolved field puts in the answer (its name
-    and its value) as the result is built; once past the limit every field
-    left fails at once, nothing more is read, and the answer is the one
-    RESPONSE_TOO_LARGE error with no data. A subscription's events are each a
-    message of their own, bounded by the cost rule: they are not added up.
-    """
-
-    def __init__(self) -> None:
-        self.limit = 0
-        self.size = 0
-        self.exceeded = False
+    checked with validation (keyturn.schema.cost), and its answer's size,
+    added up by the large fields as they resolve (keyturn.schema.budget).
+    Past the size limit the answer is the one RESPONSE_TOO_LARGE error with
+    no data."""
 
     def on_operation(self) -> Iterator[None]:
-        limits = self.execution_context.context.limits
-        self.limit = limits.max_response_bytes
+        context = self.execution_context.context
+        context.response_bytes = 0
+        context.response_too_large = False
         self.execution_context.validation_rules = (
             *self.execution_context.validation_rules,
-            cost_rule(limits.max_query_cost),
+            cost_rule(context.limits.max_query_cost),
         )
         yield
 
     def on_execute(self) -> Iterator[None]:
         yield
+        context = self.execution_context.context
         result = self.execution_context.result
-        if self.exceeded and result is not None:
-            error = ResponseTooLarge(self.limit)
+        if context.response_too_large and result is not None:
+            limit = context.limits.max_response_bytes
+            error = ResponseTooLarge(limit)
             result.data = None
             result.errors = [
-                GraphQLError(str(error), original_error=error, extensions={"limit": self.limit})
+                GraphQLError(str(error), original_error=error, extensions={"limit": limit})
             ]
-
-    def resolve(
-        self, _next: Callable[..., Any], root: Any, info: Any, *args: Any, **kwargs: Any
-    ) -> Any:
-        if info.operation.operation == OperationType.SUBSCRIPTION:
-            return _next(root, info, *args, **kwargs)
-        if self.exceeded:
-            raise ResponseTooLarge(self.limit)
-        value = _next(root, info, *args, **kwargs)
-        if isawaitable(value):
-            return self._count_later(value, info.path.key)
-        self._count(value, info.path.key)
-        return value
-
-    async def _count_later(self, value: Awaitable[Any], key: str) -> Any:
-        result = await value
-        self._count(result, key)
-        return result
-
-    def _count(self, value: Any, key: str) -> None:
-        self.size += len(key) + 4 + _size(value)
-        if self.size > self.limit:
-            self.exceeded = True
-            raise ResponseTooLarge(self.limit)
 
 
 def build_schema(*, introspection: bool = True, max_depth: int = MAX_DEPTH) -> strawberry.Schema:

@@ -25,24 +25,13 @@ from keyturn.errors import (
     InvalidArgument,
     InvalidRequest,
     NotFound,
+    ResponseTooLarge,
     ShuttingDown,
 )
 from keyturn.schema.enums import ErrorCode
 from keyturn.schema.results import InvalidInput
 
 log = logging.getLogger(__name__)
-
-
-class ResponseTooLarge(Exception):
-    """A result grew past the response limit (KEYTURN_MAX_RESPONSE_BYTES); the
-    answer is this error alone, with no data."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(
-            f"the response would be larger than the limit of {limit} bytes: ask for fewer "
-            "items or fewer large fields (input, output, data)"
-        )
-        self.limit = limit
 
 
 @dataclass(frozen=True, slots=True)

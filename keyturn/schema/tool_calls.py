@@ -8,6 +8,7 @@ import strawberry
 from strawberry.scalars import JSON
 
 from keyturn.runtime.ledger import ToolCallView
+from keyturn.schema.budget import large
 from keyturn.schema.enums import ToolCallState, ToolKind
 
 
@@ -15,13 +16,15 @@ from keyturn.schema.enums import ToolCallState, ToolKind
 class ToolCall:
     index: int = strawberry.field(description="The call's place in the turn: 0, 1, 2 …")
     tool: str
-    arguments: JSON
+    arguments: JSON = strawberry.field(extensions=large())
     effect_key: str = strawberry.field(
         description="Derived from the turn id and the index; stable across restarts."
     )
     kind: ToolKind
     state: ToolCallState
-    result: JSON | None = strawberry.field(description="What the tool returned, when recorded.")
+    result: JSON | None = strawberry.field(
+        description="What the tool returned, when recorded.", extensions=large()
+    )
     reused_from: strawberry.ID | None = strawberry.field(
         description="A retry's call whose result was reused, not run again: the turn it came from."
     )

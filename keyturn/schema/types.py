@@ -15,6 +15,7 @@ from keyturn.domain import EventType
 from keyturn.resolvers import sessions as session_resolvers
 from keyturn.resolvers import turns as turn_resolvers
 from keyturn.resolvers.pagination import Page
+from keyturn.schema.budget import large
 from keyturn.schema.context import Info
 from keyturn.schema.enums import History, TurnStatus
 from keyturn.schema.tool_calls import ToolCall
@@ -63,7 +64,7 @@ class Event(Node):
     # A string, not an enum: GraphQL enum values cannot hold the dots clients
     # already match on, and the list grows (see the README).
     type: str = strawberry.field(description=", ".join(EventType))
-    data: JSON
+    data: JSON = strawberry.field(extensions=large())
     created_at: datetime
 
     @classmethod
@@ -102,11 +103,11 @@ class Turn(Node):
     id: strawberry.ID = strawberry.field(description="A UUID.")
     session_id: strawberry.ID
     idempotency_key: str
-    input: str
+    input: str = strawberry.field(extensions=large())
     history: History = strawberry.field(description="The effective setting.")
     status: TurnStatus
-    output: str | None
-    error: str | None
+    output: str | None = strawberry.field(extensions=large())
+    error: str | None = strawberry.field(extensions=large())
     created_at: datetime
     started_at: datetime | None
     completed_at: datetime | None
