@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.responses import FileResponse, Response
 from starlette.routing import Mount
-from starlette.staticfiles import StaticFiles
-from starlette.types import Receive, Scope, Send
+
+from keyturn.http.static import ListedFiles, not_found
 
 # What the page is made of; setup.py copies the same files into the wheel.
 SERVED_FILES = ("index.html", "vendor/graphiql.js", "vendor/graphiql.css")
@@ -53,21 +53,6 @@ def page_response() -> Response | None:
     )
 
 
-class GraphiQLFiles(StaticFiles):
-    """StaticFiles limited to the bundle's files, answering HTTP only."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await send({"type": "websocket.close", "code": 1000})
-            return
-        await super().__call__(scope, receive, send)
-
-    async def get_response(self, path: str, scope: Scope) -> Response:
-        if not is_served(path):
-            return PlainTextResponse("Not Found", status_code=404)
-        return await super().get_response(path, scope)
-
-
 def graphiql_mount(enabled: bool) -> Mount:
     """Mount the bundle at ``/graphiql``; list it before the playground's catch-all.
 
@@ -75,12 +60,7 @@ def graphiql_mount(enabled: bool) -> Mount:
     """
     directory = graphiql_dir() if enabled else None
     if directory is None:
-        return Mount("/graphiql", app=_missing, name="graphiql")
-    return Mount("/graphiql", app=GraphiQLFiles(directory=directory), name="graphiql")
-
-
-async def _missing(scope: Scope, receive: Receive, send: Send) -> None:
-    if scope["type"] != "http":
-        await send({"type": "websocket.close", "code": 1000})
-        return
-    await PlainTextResponse("Not Found", status_code=404)(scope, receive, send)
+        return Mount("/graphiql", app=not_found, name="graphiql")
+    return Mount(
+        "/graphiql", app=ListedFiles(directory=directory, served=is_served), name="graphiql"
+    )

@@ -12,10 +12,11 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import PlainTextResponse
 from starlette.routing import Mount
-from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
+
+from keyturn.http.static import ListedFiles
 
 # What the page is made of; setup.py copies the same patterns into the wheel.
 SERVED_PATTERNS = ("*.html", "*.css", "*.js", "*.svg", "vendor/*.js")
@@ -46,27 +47,14 @@ def is_served(path: str) -> bool:
     return False
 
 
-class PlaygroundFiles(StaticFiles):
-    """StaticFiles limited to the page's files, answering HTTP only."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await send({"type": "websocket.close", "code": 1000})
-            return
-        await super().__call__(scope, receive, send)
-
-    async def get_response(self, path: str, scope: Scope) -> Response:
-        if not is_served(path):
-            return PlainTextResponse("Not Found", status_code=404)
-        return await super().get_response(path, scope)
-
-
 def playground_mount() -> Mount:
     """Mount the playground at ``/``; list it after every other route."""
     directory = playground_dir()
     if directory is None:
         return Mount("/", app=_missing, name="playground")
-    return Mount("/", app=PlaygroundFiles(directory=directory, html=True), name="playground")
+    return Mount(
+        "/", app=ListedFiles(directory=directory, served=is_served, html=True), name="playground"
+    )
 
 
 async def _missing(scope: Scope, receive: Receive, send: Send) -> None:

@@ -9,7 +9,6 @@ test-artifacts/graphiql/.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,22 +20,12 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import Browser, BrowserContext, Page, Route, async_playwright, expect
+from playwright.async_api import Browser, BrowserContext, Page, Route, expect
 
 from tests.support import ROOT, GraphQLClient, ServerProcess, start_server_process, stop_process
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path(os.environ.get("KEYTURN_TEST_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 LIVE = 15_000  # ms to wait for the page or the server
 QUERY_EDITOR = ".graphiql-query-editor .CodeMirror"
 VARIABLES_EDITOR = ".graphiql-editor-tool .CodeMirror"
@@ -58,28 +47,6 @@ def live_server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
         yield server
     finally:
         stop_process(server)
-
-
-@pytest.fixture
-def chromium() -> Path:
-    if not CHROMIUM.exists():
-        reason = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason}: the browser tests must run in CI")
-        pytest.skip(reason)
-    return CHROMIUM
-
-
-@pytest.fixture
-async def browser(chromium: Path) -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(
-            executable_path=str(chromium), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 class Offline:
