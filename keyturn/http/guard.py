@@ -162,7 +162,18 @@ class Guard:
         await self.app(scope, receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        content_type = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
+        declared_type = _header(scope, b"content-type") or ""
+        content_type = declared_type.split(";")[0].strip().lower()
+        if content_type == "application/json" and not declared_type.startswith(content_type):
+            # Media types are case-insensitive (RFC 9110): pass the view the
+            # lower-case form it compares against.
+            _, sep, params = declared_type.partition(";")
+            scope["headers"] = [
+                (k, (content_type + sep + params).encode("latin-1"))
+                if k == b"content-type"
+                else (k, v)
+                for k, v in scope["headers"]
+            ]
         if content_type != "application/json":
             # text/plain, forms and multipart are "simple" requests a browser
             # sends cross-site without a preflight: refusing them stops CSRF.

@@ -145,6 +145,18 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
             sub_response.headers["vary"] = "Accept, Authorization"
         return sub_response
 
+    def parse_json(self, data: str | bytes) -> Any:
+        # A body that is JSON but not an object ("str", 123, null) is the
+        # client's mistake, answered as one rather than failing inside.
+        value = super().parse_json(data)
+        if not isinstance(value, dict | list):
+            raise Refused(
+                400,
+                "BAD_REQUEST",
+                'the request body must be a JSON object: {"query": "…", "variables": {…}}',
+            )
+        return value
+
     async def parse_http_body(
         self, request: AsyncHTTPRequestAdapter
     ) -> GraphQLRequestData | list[GraphQLRequestData]:

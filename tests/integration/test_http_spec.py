@@ -442,3 +442,28 @@ async def test_replay_through_graphql_response_json(
     ]
     assert [a["__typename"] for a in answers] == ["TurnAccepted", "TurnReplayed"]
     assert answers[0]["turn"]["id"] == answers[1]["turn"]["id"]
+
+
+@pytest.mark.parametrize("body", ['"str"', "123", "null", "true"])
+async def test_a_json_body_that_is_not_an_object_is_a_400(
+    http: httpx.AsyncClient, db: Any, body: str
+) -> None:
+    response = await http.post(
+        "/graphql", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    [error] = response.json()["errors"]
+    assert error["message"].startswith("the request body must be a JSON object")
+    assert error["extensions"]["code"] == "BAD_REQUEST"
+    await nothing_written(db)
+
+
+@pytest.mark.parametrize("media", ["Application/JSON", "APPLICATION/json; charset=UTF-8"])
+async def test_media_types_are_case_insensitive(http: httpx.AsyncClient, media: str) -> None:
+    response = await http.post(
+        "/graphql",
+        content=json.dumps({"query": "mutation { createSession { id } }"}),
+        headers={"content-type": media},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["data"]["createSession"]["id"]
