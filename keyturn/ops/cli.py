@@ -156,6 +156,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     settings = _settings()
+    # Settings that would make the server misbehave (a lease renewed no more
+    # often than it expires interrupts every turn) stop it before it starts,
+    # with the line `keyturn doctor` prints.
+    from keyturn.ops.doctor import FAIL, check_settings
+
+    refused = [c for c in check_settings()[0] if c.status == FAIL]
+    if refused:
+        for check in refused:
+            print(f"keyturn: {check.name}: {check.detail}", file=sys.stderr)
+        return 2
     # Lines for people on a terminal, JSON lines otherwise (KEYTURN_LOG_FORMAT).
     logs.configure(settings.log_format)
     host = args.host or settings.host

@@ -118,3 +118,19 @@ def test_ctrl_c_while_starting_stops_quietly(fresh_data_dir: Path, command: list
         interrupted += code == 130
         assert postgres_running(fresh_data_dir) == []
     assert interrupted >= 1
+
+
+def test_a_lease_renewed_no_more_often_than_it_expires_refuses_to_serve(tmp_path: Path) -> None:
+    """It would interrupt every turn: refused before anything starts (no
+    embedded database is created), with the line `keyturn doctor` prints."""
+    result = keyturn(
+        "serve",
+        "--port",
+        str(free_port()),
+        cwd=tmp_path,
+        KEYTURN_LEASE_RENEW_S="10",
+        KEYTURN_LEASE_TTL_S="5",
+    )
+    line = one_clean_line(result)
+    assert "KEYTURN_LEASE_RENEW_S (10.0) must be below KEYTURN_LEASE_TTL_S (5.0)" in line
+    assert not (tmp_path / ".keyturn").exists()
