@@ -108,15 +108,18 @@ def _interrupt_while_starting(command: list[str], data_dir: Path, after: float) 
 def test_ctrl_c_while_starting_stops_quietly(fresh_data_dir: Path, command: list[str]) -> None:
     # While initdb runs, then later in the start (the server, migrations).
     interrupted = 0
-    for after in (0.0, 0.4, 0.8):
-        shutil.rmtree(fresh_data_dir / "pgdata", ignore_errors=True)
-        code, output = _interrupt_while_starting(command, fresh_data_dir, after)
+    for n, after in enumerate((0.0, 0.4, 0.8)):
+        # A directory of its own per run: an interrupted initdb's clean-up may
+        # still be running when the command that started it has exited.
+        data_dir = fresh_data_dir / f"run-{n}"
+        data_dir.mkdir()
+        code, output = _interrupt_while_starting(command, data_dir, after)
         assert "Traceback" not in output, output
         assert "Exception" not in output, output
         # A start that had already finished ends as a stop does (0).
         assert code in (130, 0), (code, output)
         interrupted += code == 130
-        assert postgres_running(fresh_data_dir) == []
+        assert postgres_running(data_dir) == []
     assert interrupted >= 1
 
 
