@@ -4,16 +4,15 @@ one per row, and answers exactly what asking for each session on its own does.""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from keyturn.db import sql
 from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_in_process
+from tests.support.statements import counting_statements
 
 SESSIONS = 20
 TURNS = 20
@@ -37,24 +36,6 @@ async def quiet_server(database_url: str) -> AsyncIterator[InProcessServer]:
     settings = fast_settings(claim_poll_s=600, subscription_poll_s=600, auth_recheck_s=600)
     async with serve_in_process(database_url, settings) as srv:
         yield srv
-
-
-@contextlib.contextmanager
-def counting_statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Every statement the server runs (it shares this test's process)."""
-    seen: list[str] = []
-    for name in ("fetch", "fetchrow", "fetchval", "execute"):
-        original = getattr(sql.Statement, name)
-
-        def counted(self: sql.Statement, conn: Any, _original: Any = original, **p: Any) -> Any:
-            seen.append(self.text)
-            return _original(self, conn, **p)
-
-        monkeypatch.setattr(sql.Statement, name, counted)
-    try:
-        yield seen
-    finally:
-        monkeypatch.undo()
 
 
 async def arrange(db: Any, sessions: int, turns: int) -> list[str]:

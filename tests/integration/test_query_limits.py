@@ -5,10 +5,9 @@ it runs (QUERY_TOO_COSTLY), how large its answer may grow while it runs
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from tests.support import (
     start_server_process,
     stop_process,
 )
+from tests.support.statements import counting_statements
 
 # The query: 100 sessions by 100 turns, with their events and tool calls.
 HUNDRED_BY_HUNDRED = (
@@ -40,23 +40,6 @@ async def post(url: str, query: str, variables: dict[str, Any] | None = None) ->
         response = await http.post("/graphql", json={"query": query, "variables": variables or {}})
     body: dict[str, Any] = response.json()
     return body
-
-
-@contextlib.contextmanager
-def counting_statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    seen: list[str] = []
-    for name in ("fetch", "fetchrow", "fetchval", "execute"):
-        original = getattr(sql.Statement, name)
-
-        def counted(self: sql.Statement, conn: Any, _original: Any = original, **p: Any) -> Any:
-            seen.append(self.text)
-            return _original(self, conn, **p)
-
-        monkeypatch.setattr(sql.Statement, name, counted)
-    try:
-        yield seen
-    finally:
-        monkeypatch.undo()
 
 
 @pytest.fixture
