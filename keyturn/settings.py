@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     tenant_max_concurrent: int | None = Field(default=None, ge=1)
     # Added to every turn the fixture model runs, in milliseconds.
     fixture_delay_ms: int = Field(default=0, ge=0)
+    # Rounds of tool calls one turn's model may ask for before it replies;
+    # one more fails the turn (a model that never stops calling tools).
+    max_tool_rounds: int = Field(default=8, ge=1)
     # Turns this process runs at once (across sessions; one per session always).
     max_running_turns: int = Field(default=32, ge=1)
 

@@ -1,7 +1,8 @@
 """The model seam, and the deterministic offline fixture that fills it.
 
-A real model would implement :class:`Model`. It is told the turn's history
-setting (``mode``) and given the earlier turns that setting lets it see. The
+A model implements :class:`Model`: it is told the turn's history setting
+(``mode``), given the earlier turns that setting lets it see, and streams its
+reply round by round, asking for tool calls between rounds. The
 fixture gives the same output for the same input, setting and history, byte for
 byte, and understands a few directives for tests and demos:
 
@@ -21,7 +22,7 @@ import asyncio
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,18 +31,14 @@ from keyturn.errors import ModelError
 
 
 @dataclass(frozen=True, slots=True)
-class PastTurn:
-    input: str
-    output: str | None
-    status: TurnStatus  # COMPLETED or INTERRUPTED
-
-
-@dataclass(frozen=True, slots=True)
 class ToolRequest:
-    """A tool call the model asks for."""
+    """A tool call the model asks for. ``call_id`` is the model's own name for
+    the call (an OpenAI ``tool_call_id``), carried back with its result; it is
+    not part of what makes two calls the same."""
 
     tool: str
     arguments: dict[str, Any] = field(default_factory=dict)
+    call_id: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,33 +49,50 @@ class ToolOutcome:
     tool: str
     arguments: dict[str, Any]
     result: dict[str, Any]
+    call_id: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PastTurn:
+    input: str
+    output: str | None
+    status: TurnStatus  # COMPLETED or INTERRUPTED
+    # The calls the turn made whose results the record holds.
+    tools: tuple[ToolOutcome, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One earlier round of the turn being produced: the text the model
+    streamed in it, then the calls it asked for and what they returned."""
+
+    text: str
+    outcomes: tuple[ToolOutcome, ...]
+
+
+# Where a model streams its text: each piece as it is produced, in order.
+Emit = Callable[[str], Awaitable[None]]
 
 
 class Model(Protocol):
-    async def tool_calls(
+    async def step(
         self,
         *,
         input: str,
         mode: History,
-        history: list[PastTurn],
-        results: Sequence[ToolOutcome],
+        history: Sequence[PastTurn],
+        rounds: Sequence[Round],
+        emit: Emit,
     ) -> list[ToolRequest]:
-        """The calls to make next, given the results so far; [] when ready to reply.
+        """One round of the reply to ``input``: stream this round's text through
+        ``emit`` as it is produced, then return the tool calls to make next,
+        or [] when the reply is done. The runtime records and runs the calls
+        in order and calls ``step`` again with one more round.
 
-        The runtime records and runs them in order, then asks again."""
-        ...
-
-    async def reply(
-        self,
-        *,
-        input: str,
-        mode: History,
-        history: list[PastTurn],
-        results: Sequence[ToolOutcome] = (),
-    ) -> str:
-        """The reply to ``input`` given the history setting ``mode``, the earlier
-        turns it shows (``history``; always [] under NONE) and the tool results;
-        raise ModelError to fail the turn."""
+        ``mode`` is the turn's history setting and ``history`` the earlier
+        turns it shows (always empty under NONE). The turn's output is the
+        concatenation of everything emitted, in every round. Raise ModelError
+        to fail the turn."""
         ...
 
 
@@ -102,7 +116,7 @@ def tool_directives(input: str) -> list[ToolRequest]:
     return calls
 
 
-def _digest(history: list[PastTurn]) -> str:
+def _digest(history: Sequence[PastTurn]) -> str:
     h = hashlib.sha256()
     for past in history:
         for part in (past.status, past.input, past.output or ""):
@@ -115,25 +129,33 @@ class FixtureModel:
     def __init__(self, *, delay_ms: int = 0) -> None:
         self.delay_ms = delay_ms
 
-    async def tool_calls(
+    async def step(
         self,
         *,
         input: str,
         mode: History,
-        history: list[PastTurn],
-        results: Sequence[ToolOutcome],
+        history: Sequence[PastTurn],
+        rounds: Sequence[Round],
+        emit: Emit,
     ) -> list[ToolRequest]:
-        # Every directive in one batch; once their results are in, reply.
-        return tool_directives(input)[len(results) :]
+        # Every directive in one round; once their results are in, reply.
+        if not rounds:
+            calls = tool_directives(input)
+            if calls:
+                return calls
+        results = [outcome for round in rounds for outcome in round.outcomes]
+        await emit(await self.reply(input=input, mode=mode, history=history, results=results))
+        return []
 
     async def reply(
         self,
         *,
         input: str,
         mode: History,
-        history: list[PastTurn],
+        history: Sequence[PastTurn],
         results: Sequence[ToolOutcome] = (),
     ) -> str:
+        """The whole reply, as ``step`` streams it."""
         delay = self.delay_ms
         match = _SLEEP.match(input)
         if match:

@@ -80,6 +80,7 @@ class Runtime:
                 lease_renew_s=settings.lease_renew_s,
                 claim_poll_s=settings.claim_poll_s,
                 shutdown_grace_s=settings.shutdown_grace_s,
+                max_tool_rounds=settings.max_tool_rounds,
             ),
             owner=self.owner,
             tools=synthetic_tools(self.store_engine),

@@ -40,12 +40,16 @@ from keyturn.errors import (
 from keyturn.runtime.bus import EventBus
 from keyturn.runtime.crash import CrashHook
 from keyturn.runtime.ledger import ToolCallView, effect_key, tool_calls
-from keyturn.runtime.model import Model, PastTurn, ToolOutcome, ToolRequest
+from keyturn.runtime.model import Model, PastTurn, Round, ToolOutcome, ToolRequest
+from keyturn.runtime.output import Output
 from keyturn.runtime.tools import Tools
 
 log = logging.getLogger(__name__)
 
+# Calls in one turn, across all its rounds: a bound on what one turn can do
+# whatever KEYTURN_MAX_TOOL_ROUNDS allows.
 MAX_TOOL_CALLS = 64
+DEFAULT_MAX_TOOL_ROUNDS = 8
 # How long one question to a tool about an unknown outcome may take; a store
 # that does not answer in time is asked again later.
 RECONCILE_QUESTION_TIMEOUT_S = 10.0
@@ -84,7 +88,9 @@ class ToolRunner:
         lease_ttl_s: float,
         owner: str,
         question_timeout_s: float = RECONCILE_QUESTION_TIMEOUT_S,
+        max_rounds: int = DEFAULT_MAX_TOOL_ROUNDS,
     ) -> None:
+        self.max_rounds = max_rounds
         self.engine = engine
         self.model = model
         self.bus = bus
@@ -95,34 +101,42 @@ class ToolRunner:
         self.question_timeout_s = question_timeout_s
 
     # -- running -----------------------------------------------------------
-    async def produce(self, turn: TurnRecord, past: list[PastTurn]) -> str:
+    async def produce(self, turn: TurnRecord, past: list[PastTurn], output: Output) -> str:
+        """Run the model round by round, its text into ``output`` and its
+        calls through the ledger; the turn's output once the reply is done."""
         previous = await self._previous_calls(turn)
-        results: list[ToolOutcome] = []
+        rounds: list[Round] = []
+        made = 0
         while True:
-            requests = await self.model.tool_calls(
-                input=turn.input, mode=turn.history, history=past, results=results
+            start = output.length
+            requests = await self.model.step(
+                input=turn.input, mode=turn.history, history=past, rounds=rounds, emit=output.write
             )
             if not requests:
                 break
-            if len(results) + len(requests) > MAX_TOOL_CALLS:
+            if len(rounds) >= self.max_rounds:
+                raise ModelError(
+                    f"the model was still asking for tools after {self.max_rounds} rounds"
+                    " (KEYTURN_MAX_TOOL_ROUNDS)"
+                )
+            if made + len(requests) > MAX_TOOL_CALLS:
                 raise ModelError(f"the model asked for more than {MAX_TOOL_CALLS} tool calls")
             plans = [
-                self._plan(turn, len(results) + n, request, previous)
-                for n, request in enumerate(requests)
+                self._plan(turn, made + n, request, previous) for n, request in enumerate(requests)
             ]
             # Keyed by its first call's index and the epoch (the ledger's
             # unique index), so a retried append cannot plan twice.
             planned = {
-                "index": len(results),
+                "index": made,
                 "epoch": turn.epoch,
                 "calls": [p.describe() for p in plans],
             }
             await self._append(turn, EventType.TOOL_PLANNED, planned)
-            for plan in plans:
-                results.append(await self._call(turn, plan))
-        return await self.model.reply(
-            input=turn.input, mode=turn.history, history=past, results=results
-        )
+            outcomes = [await self._call(turn, plan) for plan in plans]
+            made += len(outcomes)
+            rounds.append(Round(output.text[start:], tuple(outcomes)))
+        await output.flush()
+        return output.text
 
     async def _previous_calls(self, turn: TurnRecord) -> dict[int, ToolCallView]:
         if turn.retry_of is None:
@@ -170,7 +184,9 @@ class ToolRunner:
                     "epoch": turn.epoch,
                 },
             )
-            return ToolOutcome(plan.index, plan.request.tool, plan.request.arguments, kept)
+            return ToolOutcome(
+                plan.index, plan.request.tool, plan.request.arguments, kept, plan.request.call_id
+            )
 
         tool = self.tools.get(plan.request.tool)
         await self.crash.point("before_intent", plan.index)
@@ -200,7 +216,9 @@ class ToolRunner:
             turn, EventType.TOOL_RESULT, {**data, "result": result, "epoch": turn.epoch}
         )
         await self.crash.point("after_result", plan.index)
-        return ToolOutcome(plan.index, plan.request.tool, plan.request.arguments, result)
+        return ToolOutcome(
+            plan.index, plan.request.tool, plan.request.arguments, result, plan.request.call_id
+        )
 
     async def _append(self, turn: TurnRecord, type: EventType, data: dict[str, Any]) -> None:
         # A lost connection is retried for as long as the lease could hold;

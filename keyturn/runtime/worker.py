@@ -26,6 +26,7 @@ from keyturn.errors import DatabaseUnavailable, ModelError, StaleLease, ToolOutc
 from keyturn.runtime.bus import EventBus
 from keyturn.runtime.crash import CrashHook
 from keyturn.runtime.model import Model, PastTurn
+from keyturn.runtime.output import Output
 from keyturn.runtime.tool_runner import ToolRunner
 from keyturn.runtime.tools import Tools
 
@@ -63,6 +64,7 @@ class WorkerSettings:
     lease_renew_s: float
     claim_poll_s: float
     shutdown_grace_s: float
+    max_tool_rounds: int = 8
 
 
 class Worker:
@@ -91,6 +93,7 @@ class Worker:
             crash=crash or CrashHook(),
             lease_ttl_s=settings.lease_ttl_s,
             owner=owner,
+            max_rounds=settings.max_tool_rounds,
         )
         # Settling runs beside the claim loop, never in it: a slow tool answer
         # must not keep other sessions' turns queued.
@@ -335,7 +338,7 @@ class Worker:
                 continue
             past = [PastTurn(i, o, s) for i, o, s in rows]
             break
-        return await self.runner.produce(turn, past)
+        return await self.runner.produce(turn, past, Output())
 
     async def _renew(self, running: _Running) -> None:
         """Renew the lease until the turn ends. Any error is retried: a renewal

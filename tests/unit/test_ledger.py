@@ -14,7 +14,7 @@ from keyturn.domain import History, ToolCallState
 from keyturn.ops.experiment import verdict
 from keyturn.runtime.crash import CrashHook
 from keyturn.runtime.ledger import tool_calls
-from keyturn.runtime.model import FixtureModel, ToolOutcome, ToolRequest, tool_directives
+from keyturn.runtime.model import FixtureModel, Round, ToolOutcome, ToolRequest, tool_directives
 
 SID = uuid.uuid4()
 
@@ -82,17 +82,23 @@ def test_directives_become_tool_calls_in_order() -> None:
 
 async def test_the_fixture_asks_for_its_calls_then_replies_with_their_results() -> None:
     model = FixtureModel()
-    calls = await model.tool_calls(input="/write a=1", mode=History.FULL, history=[], results=[])
-    assert calls == [ToolRequest("synthetic_write", {"name": "a", "value": "1"})]
-    done = [ToolOutcome(0, "synthetic_write", {"name": "a", "value": "1"}, {"applied": True})]
-    assert (
-        await model.tool_calls(input="/write a=1", mode=History.FULL, history=[], results=done)
-        == []
-    )
-    reply = await model.reply(input="/write a=1", mode=History.FULL, history=[], results=done)
-    assert reply == await model.reply(
-        input="/write a=1", mode=History.FULL, history=[], results=list(done)
-    )
+    said: list[str] = []
+
+    async def emit(text: str) -> None:
+        said.append(text)
+
+    async def step(rounds: list[Round]) -> list[ToolRequest]:
+        return await model.step(
+            input="/write a=1", mode=History.FULL, history=[], rounds=rounds, emit=emit
+        )
+
+    assert await step([]) == [ToolRequest("synthetic_write", {"name": "a", "value": "1"})]
+    assert said == []  # no text in a round that only asks for tools
+    done = (ToolOutcome(0, "synthetic_write", {"name": "a", "value": "1"}, {"applied": True}),)
+    assert await step([Round("", done)]) == []
+    assert await step([Round("", done)]) == []
+    reply = said[0]
+    assert said == [reply, reply]  # the same reply for the same results
     assert 'tool 0 synthetic_write {"name": "a", "value": "1"}: {"applied": true}' in reply
     # Without tools the reply is the input and the history line alone.
     assert await model.reply(input="hi", mode=History.FULL, history=[]) == (
