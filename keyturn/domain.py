@@ -26,6 +26,7 @@ TERMINAL_STATUSES = frozenset({TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStat
 class EventType(StrEnum):
     TURN_STARTED = "turn.started"  # admitted, before the answer
     TURN_RUNNING = "turn.running"  # a process claimed it
+    TURN_DELTA = "turn.delta"  # a piece of the output, recorded while the model streams
     TURN_COMPLETED = "turn.completed"
     TURN_FAILED = "turn.failed"
     TURN_INTERRUPTED = "turn.interrupted"  # its lease ran out
