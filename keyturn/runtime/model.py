@@ -31,6 +31,15 @@ from keyturn.errors import ModelError
 
 
 @dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """What a model is told about one tool it may call."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]  # JSON Schema of the arguments
+
+
+@dataclass(frozen=True, slots=True)
 class ToolRequest:
     """A tool call the model asks for. ``call_id`` is the model's own name for
     the call (an OpenAI ``tool_call_id``), carried back with its result; it is
@@ -82,12 +91,14 @@ class Model(Protocol):
         mode: History,
         history: Sequence[PastTurn],
         rounds: Sequence[Round],
+        tools: Sequence[ToolSpec],
         emit: Emit,
     ) -> list[ToolRequest]:
         """One round of the reply to ``input``: stream this round's text through
         ``emit`` as it is produced, then return the tool calls to make next,
         or [] when the reply is done. The runtime records and runs the calls
-        in order and calls ``step`` again with one more round.
+        in order and calls ``step`` again with one more round. ``tools`` are
+        the tools this process offers.
 
         ``mode`` is the turn's history setting and ``history`` the earlier
         turns it shows (always empty under NONE). The turn's output is the
@@ -136,8 +147,10 @@ class FixtureModel:
         mode: History,
         history: Sequence[PastTurn],
         rounds: Sequence[Round],
+        tools: Sequence[ToolSpec],
         emit: Emit,
     ) -> list[ToolRequest]:
+        # The directives name their tools; ``tools`` is not consulted.
         # Every directive in one round; once their results are in, reply.
         if not rounds:
             calls = tool_directives(input)

@@ -106,11 +106,17 @@ class ToolRunner:
         calls through the ledger; the turn's output once the reply is done."""
         previous = await self._previous_calls(turn)
         rounds: list[Round] = []
+        offered = self.tools.specs()
         made = 0
         while True:
             start = output.length
             requests = await self.model.step(
-                input=turn.input, mode=turn.history, history=past, rounds=rounds, emit=output.write
+                input=turn.input,
+                mode=turn.history,
+                history=past,
+                rounds=rounds,
+                tools=offered,
+                emit=output.write,
             )
             if not requests:
                 break

@@ -18,11 +18,14 @@ from keyturn.db import synthetic_store as store
 from keyturn.db.engine import Engine, connect
 from keyturn.domain import ToolKind
 from keyturn.errors import ToolError
+from keyturn.runtime.model import ToolSpec
 
 
 class Tool(Protocol):
     name: str
     kind: ToolKind
+    description: str
+    parameters: dict[str, Any]  # JSON Schema of the arguments, as the model is shown it
 
     async def run(self, arguments: dict[str, Any], *, effect_key: str) -> dict[str, Any]:
         """Do the call; the result is shown to the model and saved in ``tool.result``."""
@@ -40,9 +43,20 @@ def _text(arguments: dict[str, Any], name: str) -> str:
     return value
 
 
+def _arguments(*names: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {name: {"type": "string"} for name in names},
+        "required": list(names),
+        "additionalProperties": False,
+    }
+
+
 class _StoreTool:
     name = ""
     kind = ToolKind.UNSAFE
+    description = ""
+    parameters = _arguments("name", "value")
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -56,6 +70,7 @@ class SyntheticWrite(_StoreTool):
 
     name = "synthetic_write"
     kind = ToolKind.IDEMPOTENT
+    description = "Set NAME to VALUE in the synthetic store, at most once per call."
 
     async def run(self, arguments: dict[str, Any], *, effect_key: str) -> dict[str, Any]:
         async with connect(self.engine) as conn:
@@ -82,6 +97,7 @@ class SyntheticAppend(_StoreTool):
 
     name = "synthetic_append"
     kind = ToolKind.UNSAFE
+    description = "Append VALUE under NAME in the synthetic store; every run appends again."
 
     async def run(self, arguments: dict[str, Any], *, effect_key: str) -> dict[str, Any]:
         async with connect(self.engine) as conn:
@@ -101,6 +117,8 @@ class SyntheticRead(_StoreTool):
 
     name = "synthetic_read"
     kind = ToolKind.READ_ONLY
+    description = "The latest value written under NAME in the synthetic store."
+    parameters = _arguments("name")
 
     async def run(self, arguments: dict[str, Any], *, effect_key: str) -> dict[str, Any]:
         async with connect(self.engine) as conn:
@@ -113,6 +131,13 @@ class Tools:
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
+
+    def specs(self) -> list[ToolSpec]:
+        """The tools as a model is told about them, in a stable order."""
+        return [
+            ToolSpec(t.name, t.description, t.parameters)
+            for t in sorted(self._tools.values(), key=lambda t: t.name)
+        ]
 
     def kind_of(self, name: str) -> ToolKind:
         tool = self._tools.get(name)

@@ -89,7 +89,7 @@ async def test_the_fixture_asks_for_its_calls_then_replies_with_their_results() 
 
     async def step(rounds: list[Round]) -> list[ToolRequest]:
         return await model.step(
-            input="/write a=1", mode=History.FULL, history=[], rounds=rounds, emit=emit
+            input="/write a=1", mode=History.FULL, history=[], rounds=rounds, tools=[], emit=emit
         )
 
     assert await step([]) == [ToolRequest("synthetic_write", {"name": "a", "value": "1"})]
