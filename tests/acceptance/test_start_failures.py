@@ -137,3 +137,18 @@ def test_a_lease_renewed_no_more_often_than_it_expires_refuses_to_serve(tmp_path
     line = one_clean_line(result)
     assert "KEYTURN_LEASE_RENEW_S (10.0) must be below KEYTURN_LEASE_TTL_S (5.0)" in line
     assert not (tmp_path / ".keyturn").exists()
+
+
+def test_a_start_right_after_ctrl_c_during_initdb_makes_the_database(fresh_data_dir: Path) -> None:
+    """An initdb stopped by Ctrl-C is still removing what it made when the
+    command exits; the next start on the same directory waits for that and
+    then makes the database, rather than meeting a half-made directory."""
+    for _attempt in range(3):
+        code, output = _interrupt_while_starting(["db", "upgrade"], fresh_data_dir, 0.0)
+        assert "Traceback" not in output, output
+        if code == 130:
+            break
+    again = keyturn("db", "upgrade", cwd=fresh_data_dir, KEYTURN_DATA_DIR=str(fresh_data_dir))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (fresh_data_dir / "pgdata" / "PG_VERSION").exists()
+    assert postgres_running(fresh_data_dir) == []
