@@ -84,7 +84,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """What the run exercised: faults injected, turns lost, fuzz inputs tried."""
     from tests import figures
 
-    if figures.FIGURES:
+    if figures.FIGURES or figures.WORST:
         terminalreporter.section("figures exercised")
         for line in figures.summary():
             terminalreporter.write_line(line)

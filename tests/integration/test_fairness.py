@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
 from keyturn.runtime.auth import create_token
+from tests import figures
 from tests.support import fast_settings, serve_in_process
 
 # A read that holds its connection while the events table is locked.
@@ -81,9 +83,16 @@ async def test_one_tenants_flood_does_not_starve_another(database_url: str, db: 
                     }
 
                 # Another tenant, meanwhile: a prompt and correct answer.
+                figures.add("attack queries tried", len(flood))
+                probe_started = time.monotonic()
                 answer = await asyncio.wait_for(
                     b.post("/graphql", json={"query": QUICK_READ, "variables": {"id": b_session}}),
                     5,
+                )
+                figures.worst(
+                    "another tenant's probe under a flood, latency",
+                    (time.monotonic() - probe_started) * 1000,
+                    "ms",
                 )
                 assert answer.status_code == 200, answer.text
                 assert answer.json() == {"data": {"session": {"id": b_session}}}

@@ -19,6 +19,7 @@ from websockets.exceptions import ConnectionClosed
 
 from keyturn.db import reads as db_reads
 from keyturn.db import sql
+from tests import figures
 from tests.support import (
     InProcessServer,
     fast_settings,
@@ -128,6 +129,8 @@ async def test_a_response_past_the_limit_is_one_error_and_no_data(
     before = rss()
     body = await post(server.url, query, {"id": sid})
     grown = rss() - before
+    figures.add("attack queries tried")
+    figures.worst("memory grown by an oversized answer", grown / 2**20, "MiB")
     assert body.get("data") is None, str(body)[:300]
     [error] = body["errors"]
     assert error["extensions"]["code"] == "RESPONSE_TOO_LARGE"
