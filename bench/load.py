@@ -121,7 +121,9 @@ def classify(mode: str) -> loadgen.Classify:
 
 
 def summarize(result: loadgen.Result) -> Measured:
-    answers = dict(result.statuses)
+    # Every kind of answer, counted even when none came (as submit.lua does).
+    answers = {kind: 0 for kind in ("accepted", "replayed", "other")}
+    answers.update(result.statuses)
     answers["errors"] = result.errors
     n = len(result.latencies_ms)
     return {

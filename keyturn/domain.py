@@ -55,6 +55,9 @@ class History(StrEnum):
 
 class ToolKind(StrEnum):
     READ_ONLY = "READ_ONLY"  # changes nothing
+    # Repeating a call with the same arguments adds no effect (MCP's
+    # idempotentHint), but nobody can ask whether a call happened.
+    REPEATABLE = "REPEATABLE"
     IDEMPOTENT = "IDEMPOTENT"  # applies its effect key at most once; can be asked about it
     UNSAFE = "UNSAFE"  # may change something every time it runs
 

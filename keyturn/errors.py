@@ -44,8 +44,21 @@ class ResponseTooLarge(KeyturnError):
         self.limit = limit
 
 
+class SessionDeleted(NotFound):
+    """The session was deleted."""
+
+    def __init__(self, session_id: object) -> None:
+        super().__init__(f"session {session_id} was deleted")
+        self.session_id = session_id
+
+
 class TokenNameTaken(KeyturnError):
     """A token with that name exists already."""
+
+
+# -- moving a session between Keyturns (keyturn export / import) --------------
+class TransferRefused(KeyturnError):
+    """The session cannot be exported or imported as asked; nothing was written."""
 
 
 # -- conditions a retry may outlast -------------------------------------------
@@ -72,6 +85,23 @@ class ModelError(KeyturnError):
 
 class ToolError(KeyturnError):
     """The tool could not do what was asked."""
+
+
+class ToolsFileError(KeyturnError):
+    """The tools file (KEYTURN_TOOLS_FILE) is not valid."""
+
+
+class ToolSetupError(KeyturnError):
+    """A tool could not be set up at start: a server that did not start, an
+    entry point that did not load, or a name offered twice."""
+
+
+class ToolServerUnavailable(KeyturnError):
+    """The tool's server is not connected; the call was not sent."""
+
+
+class ToolServerDied(KeyturnError):
+    """The tool's server went away during the call; nobody knows what it did."""
 
 
 class ToolOutcomeUnknown(KeyturnError):

@@ -6,15 +6,57 @@ setting is handed this object (or a value from it).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, ValidationInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Also what a request's context holds when it is built without settings.
 DEFAULT_MAX_QUERY_COST = 200_000
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+
+# A retention: ``forever`` (or unset), or a whole number and a unit.
+_RETENTION = re.compile(r"(\d+)([smhd])")
+_UNIT_S = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}
+# Published in seconds as a GraphQL Int (32 bits).
+_LONGEST_S = 2**31 - 1
+
+
+def parse_retention(value: object, info: ValidationInfo) -> int | None:
+    """``90s``, ``24h``, ``30d`` → seconds; ``forever`` → None (keep forever)."""
+    name = f"KEYTURN_{info.field_name.upper()} " if info.field_name else ""
+    if value is None or (
+        isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _LONGEST_S
+    ):
+        return value  # unset, or seconds already
+    text = str(value).strip().lower()
+    if text == "forever":
+        return None
+    found = _RETENTION.fullmatch(text)
+    if found is None or int(found[1]) == 0:
+        raise ValueError(
+            f"{name}{str(value)!r} is not a retention: write forever, or a number above 0 and a "
+            "unit s, m, h or d (90s, 24h, 30d)"
+        )
+    seconds = int(found[1]) * _UNIT_S[found[2]]
+    if seconds > _LONGEST_S:
+        raise ValueError(f"{name}{str(value)!r} is longer than 68 years: write forever")
+    return seconds
+
+
+def format_retention(seconds: int | None) -> str:
+    """The human form of a retention: ``forever``, ``24h``, ``90s`` (the
+    largest unit that divides it)."""
+    if seconds is None:
+        return "forever"
+    unit = next(u for u, size in _UNIT_S.items() if seconds % size == 0)
+    return f"{seconds // _UNIT_S[unit]}{unit}"
+
+
+# Seconds, or None for forever.
+Retention = Annotated[int | None, BeforeValidator(parse_retention)]
 
 
 class Settings(BaseSettings):
@@ -51,6 +93,31 @@ class Settings(BaseSettings):
     # Rounds of tool calls one turn's model may ask for before it replies;
     # one more fails the turn (a model that never stops calling tools).
     max_tool_rounds: int = Field(default=8, ge=1)
+    # Which model answers turns: the offline fixture, or any server speaking
+    # OpenAI's chat completions (keyturn.runtime.openai_model).
+    model: Literal["fixture", "openai"] = "fixture"
+    openai_base_url: str = "https://api.openai.com/v1"
+    # A secret: it prints as ********** and is handed only to the SDK.
+    openai_api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("KEYTURN_OPENAI_API_KEY", "OPENAI_API_KEY"),
+    )
+    # Required with model=openai: the name the server knows the model by.
+    openai_model: str | None = None
+    # How long the model server may keep a request (or a stream between two
+    # chunks) waiting before the attempt fails.
+    openai_timeout_s: float = Field(default=60.0, gt=0)
+    # Sent first in every request to the model, when set.
+    system_prompt: str | None = None
+    # What a FULL history shows a model: the latest N earlier turns, read
+    # newest first and bounded by the statement; then the adapter drops the
+    # oldest of those until their messages fit in this many characters.
+    history_max_turns: int = Field(default=50, ge=1)
+    history_max_chars: int = Field(default=100_000, ge=1)
+    # While a model streams, a turn records at most one turn.delta event per
+    # this many milliseconds (the text in between is coalesced), plus the last
+    # piece, written with the turn's end.
+    delta_flush_ms: int = Field(default=100, ge=1)
     # Turns this process runs at once (across sessions; one per session always).
     max_running_turns: int = Field(default=32, ge=1)
 
@@ -67,6 +134,27 @@ class Settings(BaseSettings):
     # Seconds a stopping process lets running turns finish before it hands
     # them back to the queue.
     shutdown_grace_s: float = Field(default=20.0, ge=0)
+
+    # A TOML file naming MCP servers whose tools the model may call, and
+    # per-tool overrides of their kinds (keyturn.runtime.tools_file).
+    tools_file: Path | None = None
+    # How long one tool call may take. Past it a READ_ONLY call is recorded
+    # as an error; any other call's effect is unknown (OUTCOME_UNKNOWN).
+    tool_timeout_s: float = Field(default=30.0, gt=0)
+
+    # The record's lifetime (keyturn.runtime.retention). How long after its
+    # turn ended a key answers replays; after it the key answers KeyExpired.
+    key_retention: Retention = None
+    # How long after it ended a turn keeps its input, output and event data;
+    # then the sweeper leaves a tombstone for its key. At least key_retention.
+    turn_retention: Retention = None
+    # How long a tombstone is kept after its turn was pruned; then the key is
+    # forgotten and may name a new turn.
+    tombstone_retention: Retention = None
+    # How often the sweeper runs a pass, and the rows one of its batches
+    # (one short transaction) may touch.
+    retention_sweep_s: float = Field(default=60.0, gt=0)
+    retention_batch: int = Field(default=200, ge=1, le=10_000)
 
     # Test hook, never for production: stop the process with SIGKILL at a
     # named point of a tool call, ``POINT`` or ``POINT:INDEX`` with POINT one of

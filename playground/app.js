@@ -137,6 +137,7 @@ const state = {
   serverCount: 0, // the session's eventCount, as last read from the server
   countBefore: null, // the count when the answered request was sent
   statuses: new Map(), // turnId -> latest status seen
+  outputs: new Map(), // turnId -> its turn.delta texts so far, in seq order
   stopEvents: null,
   stopTurn: null,
   answerTurnId: null,
@@ -372,6 +373,7 @@ async function selectSession(id) {
   if (state.stopEvents) state.stopEvents();
   state.stopEvents = null;
   state.events.clear();
+  state.outputs.clear();
   state.maxSeq = 0;
   state.serverCount = 0;
   el.timeline.replaceChildren();
@@ -476,6 +478,18 @@ function onEvent(sessionId, event) {
   el.timeline.insertBefore(row, next || null);
   while (el.timeline.children.length > TIMELINE_ROWS) el.timeline.lastElementChild.remove();
 
+  if (event.type === "turn.delta" && event.turnId) {
+    // Index 0 starts a run afresh (a turn handed back and claimed again).
+    const before = event.data.index === 0 ? "" : state.outputs.get(event.turnId) || "";
+    state.outputs.set(event.turnId, before + event.data.text);
+    // A turn that streams is running, whatever an earlier answer said.
+    if (!ENDED.has(state.statuses.get(event.turnId))) state.statuses.set(event.turnId, "RUNNING");
+    if (event.turnId === state.answerTurnId) {
+      renderStatus();
+      renderStreamed();
+    }
+  }
+
   const status = STATUS_OF_EVENT[event.type];
   if (event.turnId && status) {
     const before = state.statuses.get(event.turnId);
@@ -483,8 +497,7 @@ function onEvent(sessionId, event) {
     if (event.turnId === state.answerTurnId) {
       renderStatus();
       const said = event.data && (event.data.output || event.data.error);
-      const out = el.answer.querySelector("[data-role=output]");
-      if (said && out) out.textContent = said;
+      if (said) showFinal(said);
     }
   }
   const option = [...el.sessionSelect.options].find((o) => o.value === sessionId);
@@ -612,6 +625,23 @@ function renderStatus() {
   node.dataset.status = status;
 }
 
+// The answer's output while its turn runs: the text its turn.delta events
+// have brought so far, marked partial until the turn ends.
+function renderStreamed() {
+  const out = el.answer.querySelector("[data-role=output]");
+  const streamed = state.outputs.get(state.answerTurnId);
+  if (!out || !streamed || ENDED.has(state.statuses.get(state.answerTurnId))) return;
+  out.textContent = streamed;
+  out.dataset.partial = "true";
+}
+
+function showFinal(text) {
+  const out = el.answer.querySelector("[data-role=output]");
+  if (!out) return;
+  out.textContent = text;
+  delete out.dataset.partial;
+}
+
 function renderAnswer(result, { request, how, before }) {
   if (state.stopTurn) state.stopTurn();
   state.stopTurn = null;
@@ -684,9 +714,9 @@ function renderAnswer(result, { request, how, before }) {
       state.statuses.set(done.id, done.status);
       if (state.answerTurnId !== done.id) return;
       renderStatus();
-      const out = el.answer.querySelector("[data-role=output]");
-      if (out) out.textContent = done.output || done.error || "";
+      showFinal(done.output || done.error || "");
     });
+    renderStreamed();
   }
 }
 

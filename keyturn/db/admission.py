@@ -4,27 +4,47 @@ Admission is one SQL statement in autocommit mode, so one transaction and one
 round trip. The unique index on ``(session_id, idempotency_key)`` alone decides
 which submission owns a key; a loser's statement returns no row and the caller
 reads the winner with a separate statement.
+
+A key also answers from ``key_tombstones`` once the retention sweeper pruned
+its turn, and expires ``key_retention_s`` after its turn ended, judged on the
+database clock by every read here: correctness never waits for the sweeper.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
 
 from keyturn.db.engine import Conn
-from keyturn.db.records import TurnRecord, turn_from
-from keyturn.db.sql import Statement, append_event, columns, literal
+from keyturn.db.records import Row, TurnRecord, turn_from
+from keyturn.db.sql import Statement, append_event, columns, literal, literals
 from keyturn.db.tables import Turn
-from keyturn.domain import EventType, History, TurnStatus
+from keyturn.domain import TERMINAL_STATUSES, EventType, History, TurnStatus
+
+# When the key of turn ``t`` stops answering replays (NULL: never, or not yet
+# ended), whether that moment has passed, and the tombstone ``kt`` of a
+# pruned turn. ``:key_retention_s`` NULL is forever.
+_EXPIRY = f"""
+    t.completed_at + make_interval(secs => CAST(:key_retention_s AS double precision))
+        AS t_expires_at,
+    COALESCE(t.status IN ({literals(TERMINAL_STATUSES)})
+             AND t.completed_at + make_interval(
+                 secs => CAST(:key_retention_s AS double precision)) <= now(),
+             false) AS t_expired,
+    kt.turn_id AS kt_turn_id, kt.ended_at AS kt_ended_at, kt.expired_at AS kt_expired_at
+"""
 
 _LOOKUP = Statement(
     f"""
-    SELECT s.default_history AS session_default_history, {columns(Turn, alias="t", prefix="t_")}
+    SELECT s.default_history AS session_default_history,
+           {columns(Turn, alias="t", prefix="t_")}, {_EXPIRY}
     FROM sessions s
     LEFT JOIN turns t ON t.session_id = s.id AND t.idempotency_key = :key
+    LEFT JOIN key_tombstones kt ON kt.session_id = s.id AND kt.idempotency_key = :key
     WHERE s.id = :session_id AND s.tenant = :tenant
     """
 )
@@ -44,6 +64,9 @@ _ADMIT = Statement(
         SELECT :turn_id, s.id, :key, :fingerprint, :input, :history,
                {literal(TurnStatus.QUEUED)}, s.event_seq + 1
         FROM s
+        -- The key of a pruned turn is spent until its tombstone is forgotten.
+        WHERE NOT EXISTS (SELECT 1 FROM key_tombstones kt
+                          WHERE kt.session_id = s.id AND kt.idempotency_key = :key)
         ON CONFLICT (session_id, idempotency_key) DO NOTHING
         RETURNING {columns(Turn)}
     ), {
@@ -59,8 +82,32 @@ _ADMIT = Statement(
 )
 
 _BY_KEY = Statement(
-    f"SELECT {columns(Turn)} FROM turns WHERE session_id = :session_id AND idempotency_key = :key"
+    f"""
+    SELECT {columns(Turn, alias="t", prefix="t_")}, {_EXPIRY}
+    FROM (SELECT CAST(:session_id AS uuid) AS session_id) k
+    LEFT JOIN turns t ON t.session_id = k.session_id AND t.idempotency_key = :key
+    LEFT JOIN key_tombstones kt ON kt.session_id = k.session_id AND kt.idempotency_key = :key
+    """
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """A key that no longer answers replays: the turn it named (perhaps
+    pruned), when that turn ended and when the key expired."""
+
+    turn_id: uuid.UUID
+    ended_at: datetime
+    expired_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """What the record holds for a key: the turn it names, and whether the
+    key has expired (then ``existing`` may be None: the turn was pruned)."""
+
+    existing: TurnRecord | None
+    expiry: Expiry | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +117,38 @@ class AdmissionLookup:
 
     session_found: bool
     default_history: History | None
-    existing: TurnRecord | None
+    key: KeyState
 
 
-async def lookup(conn: Conn, *, tenant: str, session_id: uuid.UUID, key: str) -> AdmissionLookup:
-    row = await _LOOKUP.fetchrow(conn, tenant=tenant, session_id=session_id, key=key)
+def _key_state(row: Row) -> KeyState:
+    if row["kt_turn_id"] is not None:
+        # Pruned: nothing is left to replay, whatever the retention is now.
+        return KeyState(None, Expiry(row["kt_turn_id"], row["kt_ended_at"], row["kt_expired_at"]))
+    if row["t_id"] is None:
+        return KeyState(None, None)
+    turn = turn_from(row, "t_")
+    if row["t_expired"] and turn.completed_at is not None:
+        return KeyState(turn, Expiry(turn.id, turn.completed_at, row["t_expires_at"]))
+    return KeyState(turn, None)
+
+
+async def lookup(
+    conn: Conn, *, tenant: str, session_id: uuid.UUID, key: str, key_retention_s: int | None
+) -> AdmissionLookup:
+    row = await _LOOKUP.fetchrow(
+        conn,
+        tenant=tenant,
+        session_id=session_id,
+        key=key,
+        key_retention_s=_seconds(key_retention_s),
+    )
     if row is None:
-        return AdmissionLookup(False, None, None)
-    existing = turn_from(row, "t_") if row["t_id"] is not None else None
-    return AdmissionLookup(True, History(row["session_default_history"]), existing)
+        return AdmissionLookup(False, None, KeyState(None, None))
+    return AdmissionLookup(True, History(row["session_default_history"]), _key_state(row))
+
+
+def _seconds(retention_s: int | None) -> float | None:
+    return float(retention_s) if retention_s is not None else None
 
 
 async def insert_turn(
@@ -109,6 +179,11 @@ async def insert_turn(
     return turn_from(row) if row is not None else None
 
 
-async def turn_by_key(conn: Conn, *, session_id: uuid.UUID, key: str) -> TurnRecord | None:
-    row = await _BY_KEY.fetchrow(conn, session_id=session_id, key=key)
-    return turn_from(row) if row is not None else None
+async def key_state(
+    conn: Conn, *, session_id: uuid.UUID, key: str, key_retention_s: int | None
+) -> KeyState:
+    """The turn (or tombstone) a key names now, read by the natural key."""
+    row = await _BY_KEY.fetchrow(
+        conn, session_id=session_id, key=key, key_retention_s=_seconds(key_retention_s)
+    )
+    return _key_state(row) if row is not None else KeyState(None, None)

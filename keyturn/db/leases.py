@@ -30,7 +30,7 @@ _U = columns(Turn, alias="u")
 # turn holding the same key; a writer that took the turn first and then
 # waited for the session would close a cycle (a deadlock PostgreSQL breaks
 # after deadlock_timeout, with a stall and an error).
-_SESSION_OF_TURN = """
+SESSION_OF_TURN = """
     s AS (
         SELECT sessions.id FROM sessions JOIN turns t ON t.session_id = sessions.id
         WHERE t.id = :turn_id
@@ -87,16 +87,32 @@ _RENEW = Statement(
     """
 )
 
+# The end, and with it the turn's last turn.delta when the model left text
+# not yet recorded (:delta not NULL): one statement, one commit, two events,
+# the delta's seq just before the end's.
 _FINISH = Statement(
     f"""
-    WITH {_SESSION_OF_TURN}, u AS (
+    WITH {SESSION_OF_TURN}, u AS (
         UPDATE turns SET status = :status, output = :output, error = :error,
                completed_at = now(), lease_until = NULL
         FROM s
         WHERE turns.id = :turn_id AND turns.session_id = s.id
           AND turns.epoch = :epoch AND turns.status = {RUNNING}
         RETURNING turns.*
-    ), {append_event("u", type=":type", data="CAST(:data AS jsonb)")}
+    ), x (back, type, data) AS (
+        VALUES (1, {literal(EventType.TURN_DELTA)}, CAST(:delta AS jsonb)),
+               (0, CAST(:type AS text), CAST(:data AS jsonb))
+    ), bump AS (
+        UPDATE sessions SET event_seq = sessions.event_seq + (SELECT count(*) FROM x
+                                                              WHERE x.data IS NOT NULL)
+        FROM u WHERE sessions.id = u.session_id
+        RETURNING sessions.id, sessions.event_seq
+    ), ev AS (
+        INSERT INTO events (session_id, turn_id, seq, type, data)
+        SELECT u.session_id, u.id, bump.event_seq - x.back, x.type, x.data
+        FROM u JOIN bump ON bump.id = u.session_id CROSS JOIN x
+        WHERE x.data IS NOT NULL
+    )
     SELECT {_U} FROM u
     """
 )
@@ -126,6 +142,7 @@ _INTERRUPT_EXPIRED = Statement(
             type=literal(EventType.TURN_INTERRUPTED),
             data='''jsonb_build_object(
                    'owner', u.owner, 'epoch', u.epoch, 'by', CAST(:by AS text),
+                   'outputChars', COALESCE(char_length(u.output), 0),
                    'lastEvent', (SELECT jsonb_build_object('seq', e.seq, 'type', e.type,
                                                            'createdAt', e.created_at)
                                  FROM events e WHERE e.turn_id = u.id
@@ -142,9 +159,9 @@ _INTERRUPT_EXPIRED = Statement(
 # its lease runs out and is interrupted (and its tool calls settled).
 _RELEASE = Statement(
     f"""
-    WITH {_SESSION_OF_TURN}, u AS (
+    WITH {SESSION_OF_TURN}, u AS (
         UPDATE turns SET status = {QUEUED}, owner = NULL, lease_until = NULL,
-               started_at = NULL
+               started_at = NULL, output = NULL
         FROM s
         WHERE turns.id = :turn_id AND turns.session_id = s.id
           AND turns.epoch = :epoch AND turns.status = {RUNNING}
@@ -198,12 +215,26 @@ _FINISHED_BY = Statement(
     """
 )
 
+# The latest ``limit`` earlier turns a FULL history shows, oldest first: read
+# newest first down the (session_id, admit_seq) index, so a long session costs
+# no more than its window. Each comes with the tool results its record holds
+# (one per call index, through the index on events by turn), in one statement.
 _HISTORY = Statement(
     f"""
-    SELECT input, output, status FROM turns
-    WHERE session_id = :session_id AND admit_seq < :admit_seq
-      AND status IN ({literals((TurnStatus.COMPLETED, TurnStatus.INTERRUPTED))})
-    ORDER BY admit_seq
+    WITH recent AS (
+        SELECT id, input, output, status, admit_seq FROM turns
+        WHERE session_id = :session_id AND admit_seq < :admit_seq
+          AND status IN ({literals((TurnStatus.COMPLETED, TurnStatus.INTERRUPTED))})
+        ORDER BY admit_seq DESC
+        LIMIT :limit
+    )
+    SELECT r.input, r.output, r.status,
+           (SELECT COALESCE(jsonb_agg(c.data ORDER BY (c.data ->> 'index')::int), '[]')
+            FROM (SELECT DISTINCT ON (e.data ->> 'index') e.data FROM events e
+                  WHERE e.turn_id = r.id AND e.type = {literal(EventType.TOOL_RESULT)}
+                  ORDER BY e.data ->> 'index', e.seq DESC) c) AS tools
+    FROM recent r
+    ORDER BY r.admit_seq
     """
 )
 
@@ -243,8 +274,11 @@ async def finish(
     output: str | None,
     error: str | None,
     data: dict[str, Any],
+    delta: dict[str, Any] | None = None,
 ) -> TurnRecord | None:
-    """The finished turn, or None when the epoch or status no longer matched."""
+    """The finished turn, or None when the epoch or status no longer matched.
+    ``delta``, when given, is the data of the turn's last ``turn.delta``,
+    appended just before the end."""
     row = await _FINISH.fetchrow(
         conn,
         turn_id=turn_id,
@@ -254,6 +288,7 @@ async def finish(
         output=output,
         error=error,
         data=orjson.dumps(data).decode(),
+        delta=orjson.dumps(delta).decode() if delta is not None else None,
     )
     return turn_from(row) if row is not None else None
 
@@ -287,8 +322,22 @@ async def finished_by(
     return row is not None
 
 
+@dataclass(frozen=True, slots=True)
+class PastTurnRow:
+    input: str
+    output: str | None
+    status: TurnStatus
+    # The data of the turn's tool.result events, by call index.
+    tools: list[dict[str, Any]]
+
+
 async def history(
-    conn: Conn, *, session_id: uuid.UUID, admit_seq: int
-) -> list[tuple[str, str | None, TurnStatus]]:
-    rows = await _HISTORY.fetch(conn, session_id=session_id, admit_seq=admit_seq)
-    return [(r["input"], r["output"], TurnStatus(r["status"])) for r in rows]
+    conn: Conn, *, session_id: uuid.UUID, admit_seq: int, limit: int
+) -> list[PastTurnRow]:
+    """The latest ``limit`` completed or interrupted turns before
+    ``admit_seq``, oldest first, with their recorded tool results."""
+    rows = await _HISTORY.fetch(conn, session_id=session_id, admit_seq=admit_seq, limit=limit)
+    return [
+        PastTurnRow(r["input"], r["output"], TurnStatus(r["status"]), list(r["tools"]))
+        for r in rows
+    ]

@@ -14,7 +14,7 @@ is written once (:func:`append_event`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +63,19 @@ class Statement:
 
     async def execute(self, conn: Conn, **params: Any) -> None:
         await conn.driver.execute(self.sql, *self._args(params))
+
+    async def executemany(self, conn: Conn, rows: Iterable[dict[str, Any]]) -> None:
+        """One statement for many parameter sets (a batch of an import)."""
+        await conn.driver.executemany(self.sql, [self._args(params) for params in rows])
+
+    def cursor(self, conn: Conn, *, prefetch: int = 500, **params: Any) -> AsyncIterator[Row]:
+        """The rows one at a time from a server-side cursor, ``prefetch`` per
+        round trip, so that a large result is never held whole. Only inside
+        a transaction (PostgreSQL closes a cursor at its end)."""
+        rows: AsyncIterator[Row] = conn.driver.cursor(
+            self.sql, *self._args(params), prefetch=prefetch
+        )
+        return rows
 
 
 def columns(table: type[SQLModel], *, alias: str | None = None, prefix: str = "") -> str:

@@ -12,6 +12,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    ForeignKey,
     Index,
     Text,
     UniqueConstraint,
@@ -21,7 +22,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
 from keyturn.db.sql import literal, literals
-from keyturn.domain import ONCE_PER_CALL_EVENTS, EventType, TurnStatus
+from keyturn.domain import ONCE_PER_CALL_EVENTS, TERMINAL_STATUSES, EventType, TurnStatus
 
 # Ledger events written at most once per key (the index below).
 _LEDGER_ONCE = (EventType.TOOL_PLANNED, *ONCE_PER_CALL_EVENTS)
@@ -103,6 +104,15 @@ class Turn(TurnBase, table=True):
             postgresql_where=text(f"status = {literal(TurnStatus.RUNNING)}"),
         ),
         Index("ix_turns_session_admit", "session_id", "admit_seq", unique=True),
+        # Where the retention sweeper looks for ended turns, oldest first.
+        Index(
+            "ix_turns_ended",
+            "completed_at",
+            postgresql_where=text(f"status IN ({literals(TERMINAL_STATUSES)})"),
+        ),
+        # Deleting a turn (the retention sweeper) checks that no retry names
+        # it: without this, one scan of all turns per pruned turn.
+        Index("ix_turns_retry_of", "retry_of", postgresql_where=text("retry_of IS NOT NULL")),
         CheckConstraint(TURN_STATUS_CHECK, name="status_known"),
     )
 
@@ -148,6 +158,16 @@ class Event(SQLModel, table=True):
             unique=True,
             postgresql_where=text(f"type IN ({literals(_LEDGER_ONCE)})"),
         ),
+        # One turn.delta per index of a turn's epoch: a delta retried after a
+        # lost connection cannot append twice.
+        Index(
+            "ux_events_turn_delta",
+            "turn_id",
+            text("(data ->> 'epoch')"),
+            text("(data ->> 'index')"),
+            unique=True,
+            postgresql_where=text(f"type = {literal(EventType.TURN_DELTA)}"),
+        ),
         CheckConstraint(EVENT_TYPE_CHECK, name="type_known"),
     )
 
@@ -183,6 +203,12 @@ class Resolution(SQLModel, table=True):
 
     __tablename__ = "resolutions"
     __table_args__ = (
+        # Which resolution admitted a turn (the retention sweeper keeps those).
+        Index(
+            "ix_resolutions_new_turn_id",
+            "new_turn_id",
+            postgresql_where=text("new_turn_id IS NOT NULL"),
+        ),
         UniqueConstraint("session_id", "idempotency_key"),
         UniqueConstraint("turn_id"),
     )
@@ -198,6 +224,46 @@ class Resolution(SQLModel, table=True):
     # RETRY: the new turn admitted under the key.
     new_turn_id: uuid.UUID | None = Field(default=None, foreign_key="turns.id", nullable=True)
     created_at: datetime = Field(sa_column=_now_column())
+
+
+class SessionDeletion(SQLModel, table=True):
+    """A deleted session's deletion key: all that is kept of the session.
+
+    Keyed per tenant, not per session (the session is gone): the same key
+    for the same session replays the deletion's answer, for another session
+    it conflicts. No foreign key: the session it names no longer exists."""
+
+    __tablename__ = "session_deletions"
+
+    tenant: str = Field(sa_column=Column(Text, primary_key=True))
+    idempotency_key: str = Field(sa_column=Column(Text, primary_key=True))
+    session_id: uuid.UUID = Field(nullable=False)
+    deleted_at: datetime = Field(sa_column=_now_column())
+
+
+class KeyTombstone(SQLModel, table=True):
+    """What stays of a turn the retention sweeper pruned: its key, so that a
+    retry answers KeyExpired instead of admitting a new turn, until the
+    tombstone itself is forgotten (KEYTURN_TOMBSTONE_RETENTION).
+
+    Keyed like the turns it replaces: one per ``(session_id, idempotency_key)``.
+    It goes with its session, should the session be deleted."""
+
+    __tablename__ = "key_tombstones"
+    __table_args__ = (Index("ix_key_tombstones_pruned_at", "pruned_at"),)
+
+    session_id: uuid.UUID = Field(
+        sa_column=Column(
+            ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True, nullable=False
+        )
+    )
+    idempotency_key: str = Field(sa_column=Column(Text, primary_key=True))
+    fingerprint: str = Field(sa_column=Column(Text, nullable=False))
+    # The pruned turn's id (no foreign key: the row is gone).
+    turn_id: uuid.UUID = Field(nullable=False)
+    ended_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    expired_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    pruned_at: datetime = Field(sa_column=_now_column())
 
 
 class SyntheticEffect(SQLModel, table=True):

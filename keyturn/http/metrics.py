@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 
 ADMISSIONS = Counter(
     "keyturn_admissions",
-    "Submissions answered, by outcome (accepted, replayed, conflict, session_not_found, "
-    "unavailable)",
+    "Submissions answered, by outcome (accepted, replayed, conflict, expired, "
+    "session_not_found, unavailable)",
     ["outcome"],
 )
 ADMISSION_SECONDS = Histogram(
@@ -61,7 +61,7 @@ INTERRUPTIONS = Counter(
 )
 SUBSCRIPTIONS = Gauge(
     "keyturn_subscriptions_open",
-    "Live subscribers (sessionEvents, turnCompleted)",
+    "Live subscribers (sessionEvents, turnEvents, turnCompleted)",
     multiprocess_mode="livesum",
 )
 RUNNING = Gauge(
@@ -90,6 +90,15 @@ WORK_POOL_SIZE = Gauge(
 LISTENER_RECONNECTS = Counter(
     "keyturn_listener_reconnects", "Times the LISTEN connection was lost and opened again"
 )
+RETENTION_PASSES = Counter(
+    "keyturn_retention_passes", "Passes of the retention sweeper run by this process"
+)
+RETENTION_PRUNED = Counter(
+    "keyturn_retention_pruned",
+    "Rows the retention sweeper removed, by what: turns (moved to tombstones), events "
+    "(data blanked), tombstones (forgotten)",
+    ["what"],
+)
 
 
 class PrometheusStats:
@@ -99,6 +108,12 @@ class PrometheusStats:
     def admitted(self, outcome: str, seconds: float) -> None:
         ADMISSIONS.labels(outcome).inc()
         ADMISSION_SECONDS.observe(seconds)
+
+    def retention_pass(self, *, turns: int, events: int, tombstones: int) -> None:
+        RETENTION_PASSES.inc()
+        RETENTION_PRUNED.labels("turns").inc(turns)
+        RETENTION_PRUNED.labels("events").inc(events)
+        RETENTION_PRUNED.labels("tombstones").inc(tombstones)
 
 
 class _TurnsByStatus(Collector):

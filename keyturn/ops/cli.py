@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import ipaddress
 import logging
@@ -21,6 +22,8 @@ from keyturn.settings import Settings
 
 if TYPE_CHECKING:
     from keyturn.db.engine import Engine
+    from keyturn.db.retention import Span as RetentionSpan
+    from keyturn.runtime.retention import PassReport as RetentionReport
 
 T = TypeVar("T")
 
@@ -162,6 +165,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from keyturn.ops.doctor import FAIL, check_settings
 
     refused = [c for c in check_settings()[0] if c.status == FAIL]
+    if not refused:
+        # A tool that cannot be set up (a bad tools file, an MCP server that
+        # does not start) stops the start here, never in the middle of a turn.
+        from keyturn.ops.doctor import check_tools
+
+        refused = [c for c in asyncio.run(check_tools(settings)) if c.status == FAIL]
     if refused:
         for check in refused:
             print(f"keyturn: {check.name}: {check.detail}", file=sys.stderr)
@@ -321,6 +330,141 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_prune(args: argparse.Namespace) -> int:
+    """One retention pass now (or, with --dry-run, what it would remove)."""
+    from keyturn.db.migrate import current_revision, head_revision
+    from keyturn.runtime.retention import RetentionPolicy, Sweeper
+
+    settings = _settings()
+    policy = RetentionPolicy.of(settings)
+    if policy.problem is not None:
+        raise Refusal(policy.problem)
+    print("policy: " + "; ".join(policy.lines()))
+    if not policy.prunes:
+        print("nothing to prune: KEYTURN_TURN_RETENTION is forever")
+        return 0
+    url, where = _database_url(settings)
+    current = _on_database(url, where, current_revision)
+    if current != head_revision():
+        raise Refusal(f"the database is at migration {current or 'none'}: run `keyturn db upgrade`")
+
+    def sweeper(engine: Engine) -> Sweeper:
+        return Sweeper(engine=engine, policy=policy, batch=settings.retention_batch)
+
+    if args.dry_run:
+        preview = _on_database(url, where, lambda e: sweeper(e).preview())
+        print(f"dry run ({where}): nothing was removed")
+        print(
+            f"turns to prune: {preview.turns.count}{_span(preview.turns, 'ended')}; "
+            f"their events to blank: {preview.events}"
+        )
+        print(
+            f"tombstones to forget: {preview.tombstones.count}{_span(preview.tombstones, 'made')}"
+        )
+        return 0
+    # The command prints the pass's line itself.
+    logging.getLogger("keyturn.runtime.retention").setLevel(logging.WARNING)
+    on_tty = sys.stderr.isatty()
+
+    def progress(report: RetentionReport) -> None:
+        if on_tty:
+            print(
+                f"\rpruned {report.turns} turns, forgot {report.tombstones_forgotten} tombstones "
+                f"({report.batches} batches)",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    report = _on_database(url, where, lambda e: sweeper(e).run_pass(on_batch=progress))
+    if on_tty:
+        print(file=sys.stderr)
+    print(report.line())
+    return 0
+
+
+def _span(span: RetentionSpan, verb: str) -> str:
+    if span.oldest is None or span.newest is None:
+        return ""
+    return f" ({verb} {span.oldest:%Y-%m-%d %H:%M:%S} to {span.newest:%Y-%m-%d %H:%M:%S} UTC)"
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write one session's record as JSON Lines (stdout, or --out FILE)."""
+    import uuid
+
+    from keyturn.errors import TransferRefused
+    from keyturn.ops.transfer import Progress, export_session
+
+    try:
+        session_id = uuid.UUID(args.session)
+    except ValueError:
+        raise Refusal(f"--session {args.session!r} is not a session id (a UUID)") from None
+    url, where = _database_url(_settings())
+    _require_current(url, where)
+    progress = Progress(sys.stderr, f"exporting session {session_id}")
+    # A file is written beside its name and renamed once whole, so that an
+    # export that fails leaves no file that looks like one.
+    partial = args.out.with_name(args.out.name + ".partial") if args.out else None
+    try:
+        with partial.open("wb") if partial else contextlib.nullcontext(sys.stdout.buffer) as out:
+            done = _on_database(
+                url,
+                where,
+                lambda e: export_session(
+                    e, tenant=args.tenant, session_id=session_id, out=out, progress=progress
+                ),
+            )
+    except TransferRefused as error:
+        if partial is not None:
+            partial.unlink(missing_ok=True)
+        raise Refusal(f"export refused: {error}") from None
+    if partial is not None:
+        partial.replace(args.out)
+    sys.stdout.flush()
+    print(
+        f"exported session {done.session_id}: {done.describe()}"
+        + (f" to {args.out}" if args.out else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Load an exported session into this database, in one transaction."""
+    from keyturn.db.migrate import upgrade
+    from keyturn.errors import TransferRefused
+    from keyturn.ops.transfer import Progress, import_session
+
+    url, where = _database_url(_settings())
+    _on_database(url, where, upgrade)
+    progress = Progress(sys.stderr, f"importing {args.file}")
+    try:
+        with args.file.open("rb") as lines:
+            done = _on_database(
+                url,
+                where,
+                lambda e: import_session(e, lines=lines, tenant=args.tenant, progress=progress),
+            )
+    except OSError as error:
+        raise Refusal(f"cannot read {args.file}: {error.strerror or error}") from None
+    except TransferRefused as error:
+        raise Refusal(f"import refused, nothing was written: {error}") from None
+    if done.already_present:
+        print(f"session {done.session_id} already present ({where}): nothing written")
+    else:
+        print(f"imported session {done.session_id} ({where}): {done.describe()}")
+    return 0
+
+
+def _require_current(url: str, where: str) -> None:
+    from keyturn.db.migrate import current_revision, head_revision
+
+    current = _on_database(url, where, current_revision)
+    if current != head_revision():
+        raise Refusal(f"the database is at migration {current or 'none'}: run `keyturn db upgrade`")
+
+
 def cmd_experiment_interruption(args: argparse.Namespace) -> int:
     import json
 
@@ -385,6 +529,30 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("name")
     revoke.set_defaults(fn=cmd_token_revoke)
 
+    prune = sub.add_parser(
+        "prune", help="run one retention pass now: prune ended turns, forget old tombstones"
+    )
+    prune.add_argument(
+        "--dry-run", action="store_true", help="say what a pass would remove; remove nothing"
+    )
+    prune.set_defaults(fn=cmd_prune)
+
+    export = sub.add_parser("export", help="write a session's record as JSON Lines")
+    export.add_argument("--session", required=True, help="the session's id")
+    export.add_argument(
+        "--tenant", default="", help="the session's tenant (default: the open server's, empty)"
+    )
+    export.add_argument("--out", type=Path, default=None, help="a file (default: stdout)")
+    export.set_defaults(fn=cmd_export)
+    load = sub.add_parser(
+        "import", help="load an exported session into this database (all or nothing)"
+    )
+    load.add_argument("file", type=Path, help="a file written by `keyturn export`")
+    load.add_argument(
+        "--tenant", default=None, help="the tenant to give the session (default: the file's)"
+    )
+    load.set_defaults(fn=cmd_import)
+
     experiment = sub.add_parser("experiment", help="experiments on a throwaway database")
     experiment_sub = experiment.add_subparsers(dest="experiment_command", required=True)
     interruption = experiment_sub.add_parser(
@@ -407,12 +575,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     try:
-        code = args.fn(args)
+        try:
+            code = args.fn(args)
+        finally:
+            # The work is done (or given up): a Ctrl-C from now on would only
+            # cut short the exit hooks that stop an embedded server this
+            # process began, leaving it running and a traceback on the screen.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     except Refusal as refusal:
         print(f"keyturn: {refusal}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
         # Ctrl-C while starting (initdb, migrations): the person meant it.
-        # Exit hooks still run and stop an embedded server this process began.
         code = 128 + signal.SIGINT
     raise SystemExit(code)

@@ -1,4 +1,4 @@
-"""Sessions: create, look up, list, and page through a session's turns and events."""
+"""Sessions: create, delete, look up, list, and page through a session's turns and events."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from keyturn.resolvers.pagination import (
     seq_window,
     session_cursor,
 )
+from keyturn.runtime.deletion import DeletionRequest, DeletionResult
 
 
 def parse_id(value: str) -> uuid.UUID | None:
@@ -28,6 +29,12 @@ def parse_id(value: str) -> uuid.UUID | None:
 
 async def create_session(ctx: Context, *, default_history: History) -> SessionRecord:
     return await ctx.runtime.create_session(tenant=ctx.tenant, default_history=default_history)
+
+
+async def delete_session(ctx: Context, *, session_id: str, idempotency_key: str) -> DeletionResult:
+    """Raises InvalidRequest (naming the field) before anything is written."""
+    request = DeletionRequest.parse(session_id=session_id, idempotency_key=idempotency_key)
+    return await ctx.runtime.delete_session(request, tenant=ctx.tenant)
 
 
 async def get_session(ctx: Context, *, session_id: str) -> SessionRecord | None:

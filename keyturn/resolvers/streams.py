@@ -1,4 +1,4 @@
-"""Subscriptions: a session's events from a cursor, and one turn's end."""
+"""Subscriptions: a session's events from a cursor, one turn's events, and one turn's end."""
 
 from __future__ import annotations
 
@@ -27,3 +27,12 @@ async def turn_completed(ctx: Context, *, turn_id: str) -> AsyncIterator[TurnRec
         raise NotFound(f"turn {turn_id} not found")
     async for turn in ctx.runtime.turn_completed(tid, tenant=ctx.tenant):
         yield turn
+
+
+async def turn_events(ctx: Context, *, turn_id: str, after_seq: int) -> AsyncIterator[EventRecord]:
+    check_after_seq(after_seq)
+    tid = parse_id(turn_id)
+    if tid is None:
+        raise NotFound(f"turn {turn_id} not found")
+    async for event in ctx.runtime.turn_events(tid, after_seq, tenant=ctx.tenant):
+        yield event

@@ -1,5 +1,5 @@
-"""Admission: which request is this — a new turn, the same one again, or a
-different request wrongly given a used key?"""
+"""Admission: which request is this — a new turn, the same one again, a
+different request wrongly given a used key, or a key whose time is over?"""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from keyturn.db import admission as db
+from keyturn.db.admission import Expiry, KeyState
 from keyturn.db.engine import Engine, connect
 from keyturn.db.records import TurnRecord
 from keyturn.domain import History
@@ -24,6 +25,9 @@ class AdmissionOutcome(Enum):
     ACCEPTED = "accepted"
     REPLAYED = "replayed"
     CONFLICT = "conflict"
+    # The key's turn ended more than the key retention ago: the key is spent,
+    # for this request or any other. A new turn needs a new key.
+    EXPIRED = "expired"
     SESSION_NOT_FOUND = "session_not_found"
 
 
@@ -31,6 +35,7 @@ class AdmissionOutcome(Enum):
 class Admission:
     outcome: AdmissionOutcome
     turn: TurnRecord | None = None
+    expiry: Expiry | None = None
 
 
 def _judge(existing: TurnRecord, fp: str) -> Admission:
@@ -46,6 +51,7 @@ async def admit_turn(
     tenant: str = "",
     stats: Stats | None = None,
     log_inputs: bool = False,
+    key_retention_s: int | None = None,
 ) -> Admission:
     """Admit ``request`` (see ``_admit``), counted and logged. Inputs are the
     users' words: logged only with ``log_inputs``."""
@@ -58,7 +64,9 @@ async def admit_turn(
     if log_inputs:
         extra["input"] = request.input
     try:
-        admission = await _admit(engine=engine, request=request, tenant=tenant)
+        admission = await _admit(
+            engine=engine, request=request, tenant=tenant, key_retention_s=key_retention_s
+        )
     except DatabaseUnavailable:
         stats.admitted("unavailable", time.perf_counter() - started)
         log.warning("admission unavailable", extra=extra)
@@ -66,11 +74,25 @@ async def admit_turn(
     stats.admitted(admission.outcome.value, time.perf_counter() - started)
     if admission.turn is not None:
         extra["turn_id"] = str(admission.turn.id)
+    elif admission.expiry is not None:
+        extra["turn_id"] = str(admission.expiry.turn_id)
     log.info("admission %s", admission.outcome.value, extra=extra)
     return admission
 
 
-async def _admit(*, engine: Engine, request: TurnRequest, tenant: str) -> Admission:
+def _answer(key: KeyState, fp: str) -> Admission | None:
+    """The answer a key already held gives, or None when it holds nothing.
+    Expiry comes first: a spent key answers KeyExpired whatever is asked."""
+    if key.expiry is not None:
+        return Admission(AdmissionOutcome.EXPIRED, key.existing, key.expiry)
+    if key.existing is not None:
+        return _judge(key.existing, fp)
+    return None
+
+
+async def _admit(
+    *, engine: Engine, request: TurnRequest, tenant: str, key_retention_s: int | None
+) -> Admission:
     """Admit ``request`` or say which turn already holds its key.
 
     A key that already names a turn is answered from one read and writes
@@ -87,14 +109,19 @@ async def _admit(*, engine: Engine, request: TurnRequest, tenant: str) -> Admiss
         # about as much as a short statement.
         async with connect(engine) as conn:
             found = await db.lookup(
-                conn, tenant=tenant, session_id=request.session_id, key=request.idempotency_key
+                conn,
+                tenant=tenant,
+                session_id=request.session_id,
+                key=request.idempotency_key,
+                key_retention_s=key_retention_s,
             )
             if not found.session_found:
                 return Admission(AdmissionOutcome.SESSION_NOT_FOUND)
             history = request.effective_history(found.default_history or History.FULL)
             fp = fingerprint(input=request.input, history=history)
-            if found.existing is not None:
-                return _judge(found.existing, fp)
+            held = _answer(found.key, fp)
+            if held is not None:
+                return held
             writing = True
             turn = await db.insert_turn(
                 conn,
@@ -109,22 +136,27 @@ async def _admit(*, engine: Engine, request: TurnRequest, tenant: str) -> Admiss
             )
             if turn is not None:
                 return Admission(AdmissionOutcome.ACCEPTED, turn)
-            winner = await db.turn_by_key(
-                conn, session_id=request.session_id, key=request.idempotency_key
+            # Another submission won the key, or a tombstone holds it.
+            winner = await db.key_state(
+                conn,
+                session_id=request.session_id,
+                key=request.idempotency_key,
+                key_retention_s=key_retention_s,
             )
     except DatabaseUnavailable:
         if not writing:
             raise  # nothing was sent that could have written: plainly retryable
-        return await _settle_unknown(engine, request, turn_id, fp)
-    if winner is None:
-        # The statement inserted nothing and no turn holds the key: the
+        return await _settle_unknown(engine, request, turn_id, fp, key_retention_s)
+    answer = _answer(winner, fp)
+    if answer is None:
+        # The statement inserted nothing and nothing holds the key: the
         # session itself must be gone.
         return Admission(AdmissionOutcome.SESSION_NOT_FOUND)
-    return _judge(winner, fp)
+    return answer
 
 
 async def _settle_unknown(
-    engine: Engine, request: TurnRequest, turn_id: uuid.UUID, fp: str
+    engine: Engine, request: TurnRequest, turn_id: uuid.UUID, fp: str, key_retention_s: int | None
 ) -> Admission:
     log.warning(
         "admission outcome unknown; re-reading key on a fresh connection",
@@ -132,13 +164,17 @@ async def _settle_unknown(
     )
     try:
         async with connect(engine) as conn:
-            existing = await db.turn_by_key(
-                conn, session_id=request.session_id, key=request.idempotency_key
+            held = await db.key_state(
+                conn,
+                session_id=request.session_id,
+                key=request.idempotency_key,
+                key_retention_s=key_retention_s,
             )
     except DatabaseUnavailable:
         raise OutcomeUnknown() from None
-    if existing is None:
+    if held.existing is not None and held.existing.id == turn_id:
+        return Admission(AdmissionOutcome.ACCEPTED, held.existing)
+    answer = _answer(held, fp)
+    if answer is None:
         raise OutcomeUnknown()
-    if existing.id == turn_id:
-        return Admission(AdmissionOutcome.ACCEPTED, existing)
-    return _judge(existing, fp)
+    return answer

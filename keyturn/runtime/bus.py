@@ -10,6 +10,12 @@ moves forward).
 
 Subscribers register *before* their first read: an event that commits after
 registration wakes them, one that committed before is in the read.
+
+A deleted session wakes its channel like news does. The refresh that then
+finds no new event asks whether the session still exists; when it does not,
+every subscriber's next read raises :class:`~keyturn.errors.SessionDeleted`
+(the safety-net poll wakes a channel whose session has gone, too, should the
+wake-up be missed).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any, TypeVar, cast
 from keyturn.db import reads
 from keyturn.db.engine import Engine, connect
 from keyturn.db.records import EventRecord
-from keyturn.errors import DatabaseUnavailable
+from keyturn.errors import DatabaseUnavailable, SessionDeleted
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +93,8 @@ class _Channel:
         self.covered_from: int | None = None
         self.high: int | None = None
         self.stale = True
+        # The last refresh found the session deleted.
+        self.gone = False
         self.lock = asyncio.Lock()
 
 
@@ -147,6 +155,7 @@ class EventBus:
 
     async def read(self, sub: Subscriber) -> list[EventRecord]:
         """Events after ``sub.cursor`` in seq order (at most a page); advances the cursor.
+        Raises SessionDeleted once the session is gone and nothing is left to send.
 
         A connection lost mid-read (a restart, ``pg_terminate_backend``) is
         retried on a fresh one for a few seconds before the subscriber is told
@@ -180,6 +189,8 @@ class EventBus:
         if events:
             sub.cursor = events[-1].seq
             self.delivered += len(events)
+        elif channel.gone:
+            raise SessionDeleted(sub.session_id)
         if len(events) == PAGE or channel.stale:
             # There may be more: a full page, or a window that stopped short
             # of the table's end (a refresh reads at most CACHE_EVENTS) or was
@@ -204,6 +215,10 @@ class EventBus:
                     events = await reads.events_after(
                         conn, session_id=session_id, after=after, limit=CACHE_EVENTS
                     )
+                    if not events:
+                        # Woken without news: perhaps the session was deleted.
+                        seqs = await reads.session_seqs(conn, session_ids=[session_id])
+                        channel.gone = session_id not in seqs
             except BaseException:
                 channel.stale = True
                 raise
@@ -238,3 +253,6 @@ class EventBus:
                 if channel is not None and channel.high is not None and seq > channel.high:
                     log.info("subscription poll found news no wake-up announced")
                     self.wake(sid)
+            for sid in set(ids) - set(seqs):
+                log.info("subscription poll found a deleted session no wake-up announced")
+                self.wake(sid)

@@ -9,7 +9,10 @@ runs, and ``tool.result`` after it returns. An intent without a result is an
 outcome nobody knows: the process may have stopped before the tool ran, while
 it ran, or after. Once such a turn is INTERRUPTED, IDEMPOTENT tools are asked
 about the effect key and the answer is saved as ``tool.reconciled``; for the
-others the record keeps saying OUTCOME_UNKNOWN, and a person decides.
+others the record keeps saying OUTCOME_UNKNOWN, and what a retry may do
+depends on the kind recorded in the intent: READ_ONLY and REPEATABLE calls
+run again (a repeat adds no effect), an UNSAFE one only when the client
+forces it.
 """
 
 from __future__ import annotations
@@ -84,7 +87,9 @@ def tool_calls(events: Sequence[EventRecord]) -> list[ToolCallView]:
 
 
 def unsafe_unknown(calls: Sequence[ToolCallView]) -> ToolCallView | None:
-    """The first call a retry must not repeat without being told to."""
+    """The first call a retry must not repeat without being told to: an
+    UNSAFE call of unknown outcome. READ_ONLY and REPEATABLE ones may run
+    again; an IDEMPOTENT one runs again under its own key, applied at most once."""
     for call in calls:
         if call.state is ToolCallState.OUTCOME_UNKNOWN and call.kind is ToolKind.UNSAFE:
             return call

@@ -8,9 +8,14 @@ byte, and understands a few directives for tests and demos:
 
 ``/sleep MS``  hold the turn MS milliseconds, then reply
 ``/fail``      end the turn with ``turn.failed``
+``/stream N [MS]``  stream the reply in N pieces, MS milliseconds apart
+                    (default 50); the pieces make up what ``reply`` gives
 ``/write NAME=VALUE``   call the ``synthetic_write`` tool (idempotent)
 ``/append NAME=VALUE``  call the ``synthetic_append`` tool (unsafe)
 ``/read NAME``          call the ``synthetic_read`` tool (read-only)
+``/call NAME {JSON}``   call any tool by name, the JSON object (on one line)
+                        its arguments; without one the arguments are ``{}``.
+                        Arguments that are not a JSON object fail the turn
 
 Tool directives may follow one another anywhere in the input; each is one
 call, made in the order written, before the reply.
@@ -108,23 +113,72 @@ class Model(Protocol):
 
 
 _SLEEP = re.compile(r"^/sleep\s+(\d{1,7})\b")
+_STREAM = re.compile(r"^/stream\s+(\d{1,4})(?:\s+(\d{1,6}))?(?!\S)")
+STREAM_PAUSE_MS = 50
 _TOOL = re.compile(r"(?:^|(?<=\s))/(write|append)\s+([^\s=]+)=(\S*)|(?:^|(?<=\s))/read\s+(\S+)")
 _TOOLS = {"write": "synthetic_write", "append": "synthetic_append"}
 
 
+_CALL = re.compile(r"(?:^|(?<=\s))/call[ \t]+([^\s{]+)[ \t]*")
+
+
+def _call_directives(input: str) -> list[tuple[int, int, ToolRequest]]:
+    """``/call`` directives: where each starts and ends, and its call."""
+    found: list[tuple[int, int, ToolRequest]] = []
+    decoder = json.JSONDecoder()
+    position = 0
+    while match := _CALL.search(input, position):
+        name, end = match.group(1), match.end()
+        arguments: dict[str, Any] = {}
+        # Only an object follows: raw_decode from "{" cannot give anything else.
+        if end < len(input) and input[end] == "{":
+            line_end = input.find("\n", end)
+            line = input[: line_end if line_end >= 0 else len(input)]
+            try:
+                arguments, end = decoder.raw_decode(line, end)
+            except json.JSONDecodeError as error:
+                raise ModelError(
+                    f"/call {name}: the arguments are not valid JSON on one line ({error.msg}"
+                    f" at column {error.pos - match.end() + 1})"
+                ) from None
+        found.append((match.start(), end, ToolRequest(name, arguments)))
+        position = end
+    return found
+
+
 def tool_directives(input: str) -> list[ToolRequest]:
-    """The tool calls an input's directives ask for, in order."""
-    calls: list[ToolRequest] = []
+    """The tool calls an input's directives ask for, in order. Raises
+    ModelError for a ``/call`` whose arguments are not a JSON object."""
+    placed = _call_directives(input)
+    # Text inside a /call's JSON is its arguments, not more directives.
+    spans = [(start, end) for start, end, _ in placed]
     for match in _TOOL.finditer(input):
-        if match.group(1):
-            calls.append(
-                ToolRequest(
-                    _TOOLS[match.group(1)], {"name": match.group(2), "value": match.group(3)}
-                )
-            )
-        else:
-            calls.append(ToolRequest("synthetic_read", {"name": match.group(4)}))
-    return calls
+        if any(start <= match.start() < end for start, end in spans):
+            continue
+        placed.append((match.start(), match.end(), _synthetic(match)))
+    return [request for _, _, request in sorted(placed, key=lambda p: p[0])]
+
+
+def _synthetic(match: re.Match[str]) -> ToolRequest:
+    """The call of a /write, /append or /read directive."""
+    if match.group(1):
+        return ToolRequest(
+            _TOOLS[match.group(1)], {"name": match.group(2), "value": match.group(3)}
+        )
+    return ToolRequest("synthetic_read", {"name": match.group(4)})
+
+
+def _pieces(text: str, count: int) -> list[str]:
+    """``text`` cut into ``count`` pieces of nearly equal length (fewer when
+    it is shorter), in order."""
+    count = max(1, min(count, len(text)))
+    size, extra = divmod(len(text), count)
+    pieces, start = [], 0
+    for n in range(count):
+        end = start + size + (1 if n < extra else 0)
+        pieces.append(text[start:end])
+        start = end
+    return pieces
 
 
 def _digest(history: Sequence[PastTurn]) -> str:
@@ -157,7 +211,16 @@ class FixtureModel:
             if calls:
                 return calls
         results = [outcome for round in rounds for outcome in round.outcomes]
-        await emit(await self.reply(input=input, mode=mode, history=history, results=results))
+        text = await self.reply(input=input, mode=mode, history=history, results=results)
+        stream = _STREAM.match(input)
+        if stream is None:
+            await emit(text)
+            return []
+        pause = int(stream.group(2)) if stream.group(2) else STREAM_PAUSE_MS
+        for n, piece in enumerate(_pieces(text, int(stream.group(1)))):
+            if n:
+                await asyncio.sleep(pause / 1000)
+            await emit(piece)
         return []
 
     async def reply(

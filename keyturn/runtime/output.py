@@ -1,17 +1,60 @@
-"""A turn's output as its model produces it.
+"""A turn's output as its model produces it, recorded while it streams.
 
 The model streams pieces of text through :meth:`Output.write`; the turn's
-output is their concatenation, in order. :meth:`flush` is called once the
-reply is done, before the turn's end is recorded.
+output is their concatenation, in order. Pieces are recorded as
+``turn.delta`` events (through ``record``, a :class:`DeltaRecorder` in a
+running turn), coalesced: text waits one flush interval after it arrives, so
+a turn writes at most one delta per interval, and a reply produced in one
+piece is not written here at all. :meth:`flush` is awaited once the reply is
+done (or the model failed); what is still unrecorded then is
+:attr:`Output.unrecorded`, the last delta, which the turn's end writes in its
+own statement and commit.
+
+So the deltas of a turn, in seq order, concatenate to its output.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from keyturn.db import deltas, leases
+from keyturn.db.engine import Engine, connect
+from keyturn.db.ledger import Appended
+from keyturn.db.records import TurnRecord
+from keyturn.domain import EventType
+from keyturn.errors import DatabaseUnavailable, StaleLease
+from keyturn.runtime.bus import EventBus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """One recorded piece of a turn's output: its place (0, 1, 2 … in the
+    turn's epoch) and its text."""
+
+    index: int
+    text: str
+
+
+Record = Callable[[Delta], Awaitable[None]]
+
 
 class Output:
-    def __init__(self) -> None:
+    def __init__(self, *, record: Record | None = None, flush_interval_s: float = 0.1) -> None:
         self._parts: list[str] = []
         self._length = 0
+        self._record = record
+        self._interval = flush_interval_s
+        self._pending: list[str] = []  # written, not yet recorded
+        self._index = 0  # the next delta's
+        self._timer: asyncio.Task[None] | None = None
+        self._writing = False  # the timer is inside ``record``
+        self._flushed = False
+        self._failure: BaseException | None = None
 
     @property
     def text(self) -> str:
@@ -22,10 +65,110 @@ class Output:
         """Characters produced so far."""
         return self._length
 
+    @property
+    def unrecorded(self) -> Delta | None:
+        """After :meth:`flush`: the text no delta holds yet, as the turn's last delta."""
+        if self._record is None or not self._pending:
+            return None
+        return Delta(self._index, "".join(self._pending))
+
     async def write(self, text: str) -> None:
-        if text:
-            self._parts.append(text)
-            self._length += len(text)
+        """The model's ``emit``. Raises what stopped the recording (StaleLease:
+        the turn's lease passed on), which ends the model's work."""
+        self._raise_failure()
+        if not text:
+            return
+        self._parts.append(text)
+        self._length += len(text)
+        if self._record is None:
+            return
+        self._pending.append(text)
+        if self._timer is None and not self._flushed:
+            self._timer = asyncio.create_task(self._record_later(), name="keyturn-output")
 
     async def flush(self) -> None:
-        """Everything written so far is recorded."""
+        """The reply is done: no more timed writes (one in flight is waited
+        for). Raises what stopped the recording, if anything did."""
+        self._flushed = True
+        timer = self._timer
+        if timer is not None:
+            if not self._writing:
+                timer.cancel()
+            await asyncio.wait([timer])
+        self._raise_failure()
+
+    def abandon(self) -> None:
+        """The turn is no longer this process's to write: stop recording."""
+        self._flushed = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    async def _record_later(self) -> None:
+        assert self._record is not None
+        try:
+            while self._pending and not self._flushed:
+                await asyncio.sleep(self._interval)
+                count = len(self._pending)
+                self._writing = True
+                try:
+                    await self._record(Delta(self._index, "".join(self._pending[:count])))
+                finally:
+                    self._writing = False
+                # Text written while the delta was being recorded stays pending.
+                del self._pending[:count]
+                self._index += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            self._failure = error
+        finally:
+            self._timer = None
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+
+class DeltaRecorder:
+    """Records one running turn's deltas from the worker's pool, fenced by its
+    epoch like every write of the turn."""
+
+    def __init__(
+        self, *, engine: Engine, bus: EventBus, turn: TurnRecord, owner: str, lease_ttl_s: float
+    ) -> None:
+        self.engine = engine
+        self.bus = bus
+        self.turn = turn
+        self.owner = owner
+        self.lease_ttl_s = lease_ttl_s
+
+    async def __call__(self, delta: Delta) -> None:
+        turn = self.turn
+        # A lost connection is retried for as long as the lease could hold;
+        # the unique index on (turn, epoch, index) makes a repeat harmless.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.lease_ttl_s
+        while True:
+            try:
+                async with connect(self.engine) as conn:
+                    done = await deltas.append(
+                        conn, turn_id=turn.id, epoch=turn.epoch, index=delta.index, text=delta.text
+                    )
+                    if done is Appended.REFUSED:
+                        await leases.record_refused_write(
+                            conn,
+                            turn_id=turn.id,
+                            epoch=turn.epoch,
+                            attempted=EventType.TURN_DELTA,
+                            by=self.owner,
+                        )
+                break
+            except DatabaseUnavailable:
+                if loop.time() > deadline:
+                    raise
+                log.warning("turn %s: recording delta %s failed; will retry", turn.id, delta.index)
+                await asyncio.sleep(0.5)
+        self.bus.committed(turn.session_id)
+        if done is Appended.REFUSED:
+            log.warning("turn %s: turn.delta refused, epoch %s is stale", turn.id, turn.epoch)
+            raise StaleLease()

@@ -1,6 +1,7 @@
 """The runtime of one process: the composition root that builds the worker,
 the bus, the listener and their supervisor, and the entry points that write
-(create a session, admit a turn, resolve an interrupted one).
+(create a session, admit a turn, resolve an interrupted one, delete a
+session).
 
 Reads for the API go through :class:`keyturn.runtime.reads.Reads`, which
 holds no state of its own.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from keyturn.db import reads as db_reads
 from keyturn.db.engine import Engine, asyncpg_dsn, connect, create_engine
@@ -22,7 +24,14 @@ from keyturn.runtime import streams
 from keyturn.runtime.admission import Admission, AdmissionOutcome, admit_turn
 from keyturn.runtime.bus import EventBus
 from keyturn.runtime.crash import CrashHook
+from keyturn.runtime.deletion import (
+    DeletionOutcome,
+    DeletionRequest,
+    DeletionResult,
+    delete_session,
+)
 from keyturn.runtime.model import FixtureModel, Model
+from keyturn.runtime.python_tools import load_python_tools
 from keyturn.runtime.reads import Reads
 from keyturn.runtime.resolution import (
     ResolutionOutcome,
@@ -30,14 +39,30 @@ from keyturn.runtime.resolution import (
     ResolutionResult,
     resolve,
 )
+from keyturn.runtime.retention import RetentionPolicy, Sweeper
 from keyturn.runtime.stats import NoStats, Stats
 from keyturn.runtime.supervisor import Supervisor
-from keyturn.runtime.tools import synthetic_tools
+from keyturn.runtime.tools import ToolInfo, synthetic_tools
+from keyturn.runtime.tools_file import load as load_tools_file
 from keyturn.runtime.validation import TurnRequest
 from keyturn.runtime.worker import Worker, WorkerSettings, new_owner_id
 from keyturn.settings import Settings
 
+if TYPE_CHECKING:
+    from keyturn.runtime.mcp_tools import McpServers
+
 log = logging.getLogger(__name__)
+
+
+def build_model(settings: Settings) -> Model:
+    """The model that answers turns: the offline fixture, unless
+    KEYTURN_MODEL=openai names a chat-completions server."""
+    if settings.model == "openai":
+        # Imported only when chosen: the SDK takes a while to import.
+        from keyturn.runtime.openai_model import OpenAIModel
+
+        return OpenAIModel.from_settings(settings)
+    return FixtureModel(delay_ms=settings.fixture_delay_ms)
 
 
 class Runtime:
@@ -70,9 +95,23 @@ class Runtime:
         self.work_engine = create_engine(
             database_url, pool_size=settings.work_pool, pool_timeout=settings.pool_timeout_s
         )
+        self.model = model or build_model(settings)
+        # The builtin tools now; those of Python entry points and MCP servers
+        # join them at start, before any turn runs.
+        self.tools = synthetic_tools(self.store_engine)
+        self.tool_servers: McpServers | None = None
+        if settings.tools_file is not None:
+            # Imported only when used: the SDK takes a while to import.
+            from keyturn.runtime.mcp_tools import McpServers
+
+            self.tool_servers = McpServers(
+                load_tools_file(settings.tools_file),
+                # A call waits this long for a server that is reconnecting.
+                ready_wait_s=min(10.0, settings.tool_timeout_s / 2),
+            )
         self.worker = Worker(
             engine=self.work_engine,
-            model=model or FixtureModel(delay_ms=settings.fixture_delay_ms),
+            model=self.model,
             bus=self.bus,
             settings=WorkerSettings(
                 max_running=settings.max_running_turns,
@@ -81,9 +120,12 @@ class Runtime:
                 claim_poll_s=settings.claim_poll_s,
                 shutdown_grace_s=settings.shutdown_grace_s,
                 max_tool_rounds=settings.max_tool_rounds,
+                tool_timeout_s=settings.tool_timeout_s,
+                delta_flush_s=settings.delta_flush_ms / 1000,
+                history_max_turns=settings.history_max_turns,
             ),
             owner=self.owner,
-            tools=synthetic_tools(self.store_engine),
+            tools=self.tools,
             crash=CrashHook(settings.crash_at, after=settings.crash_after),
         )
         self.supervisor = Supervisor()
@@ -91,6 +133,17 @@ class Runtime:
         self.supervisor.add("bus-poll", self.bus.poll_forever)
         self.supervisor.add("listener", self.listener.supervise)
         self.supervisor.add("notifier", self.listener.send_forever)
+        # The sweeper runs only when something may be pruned; every process
+        # runs it, and their batches skip each other's sessions.
+        self.sweeper = Sweeper(
+            engine=self.engine,
+            policy=RetentionPolicy.of(settings),
+            batch=settings.retention_batch,
+            interval_s=settings.retention_sweep_s,
+            stats=self.stats,
+        )
+        if self.sweeper.policy.prunes:
+            self.supervisor.add("retention", self.sweeper.run_forever)
         self.accepting = False
 
     def supervise(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
@@ -98,6 +151,16 @@ class Runtime:
         self.supervisor.add(name, run)
 
     async def start(self) -> None:
+        # A tool that cannot be set up stops the start here, never mid-turn.
+        for source, tools in load_python_tools():
+            self.tools.add(tools, source=source)
+        if self.tool_servers is not None:
+            for source, tools in await self.tool_servers.start():
+                try:
+                    self.tools.add(tools, source=source)
+                except Exception:
+                    await self.tool_servers.stop()
+                    raise
         await self.listener.start()
         self.supervisor.start()
         self.accepting = True
@@ -117,11 +180,21 @@ class Runtime:
         # still wake other processes through the notifier), then the rest.
         await self.supervisor.stop("worker")
         await self.worker.stop()
+        if self.tool_servers is not None:
+            await self.tool_servers.stop()
         await self.supervisor.stop()
         self.bus.stop()
         await self.listener.stop()
         await self.store_engine.dispose()
         await self.work_engine.dispose()
+        # A model with connections of its own (the OpenAI client's) closes them.
+        close = getattr(self.model, "close", None)
+        if close is not None:
+            await close()
+
+    def tool_infos(self) -> list[ToolInfo]:
+        """The tools this process offers the model."""
+        return self.tools.infos()
 
     # -- writes ------------------------------------------------------------
     # Every method a client reaches names the caller's tenant; sessions, turns
@@ -141,6 +214,7 @@ class Runtime:
             tenant=tenant,
             stats=self.stats,
             log_inputs=self.settings.log_inputs,
+            key_retention_s=self.settings.key_retention,
         )
         if admission.outcome is AdmissionOutcome.ACCEPTED:
             self.bus.committed(request.session_id)
@@ -158,6 +232,16 @@ class Runtime:
             self.worker.wake()
         return result
 
+    async def delete_session(self, request: DeletionRequest, *, tenant: str) -> DeletionResult:
+        if not self.accepting:
+            raise ShuttingDown()
+        result = await delete_session(engine=self.engine, request=request, tenant=tenant)
+        if result.outcome is DeletionOutcome.DELETED:
+            # Its subscribers, here and in other processes, wake, find the
+            # session gone and are closed (keyturn.runtime.bus).
+            self.bus.committed(request.session_id)
+        return result
+
     # -- streams -----------------------------------------------------------
     def session_events(
         self, session_id: uuid.UUID, after_seq: int, *, tenant: str
@@ -168,6 +252,13 @@ class Runtime:
             tenant=tenant,
             session_id=session_id,
             after_seq=after_seq,
+        )
+
+    def turn_events(
+        self, turn_id: uuid.UUID, after_seq: int, *, tenant: str
+    ) -> AsyncIterator[EventRecord]:
+        return streams.turn_events(
+            engine=self.engine, bus=self.bus, tenant=tenant, turn_id=turn_id, after_seq=after_seq
         )
 
     def turn_completed(self, turn_id: uuid.UUID, *, tenant: str) -> AsyncIterator[TurnRecord]:

@@ -84,6 +84,8 @@ async def resolve(*, engine: Engine, request: ResolutionRequest, tenant: str) ->
         if request.action is ResolutionAction.RETRY and not request.force:
             # The interrupted turn's unsafe calls cannot change any more: its
             # writes are fenced, and only idempotent calls get reconciled.
+            # READ_ONLY and REPEATABLE calls of unknown outcome need no force:
+            # running them again adds no effect (keyturn.runtime.ledger).
             calls = tool_calls(await reads.turn_events(conn, turn_id=found.turn.id))
             unsafe = unsafe_unknown(calls)
             if unsafe is not None:

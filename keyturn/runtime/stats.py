@@ -16,9 +16,16 @@ class Stats(Protocol):
         """A submission was answered with ``outcome`` (an AdmissionOutcome
         value, or ``unavailable``) after ``seconds``."""
 
+    def retention_pass(self, *, turns: int, events: int, tombstones: int) -> None:
+        """A retention pass pruned ``turns`` (blanking ``events``) and forgot
+        ``tombstones``."""
+
 
 class NoStats:
     """Counts nothing: for a runtime nobody scrapes (tests, commands)."""
 
     def admitted(self, outcome: str, seconds: float) -> None:
+        pass
+
+    def retention_pass(self, *, turns: int, events: int, tombstones: int) -> None:
         pass

@@ -1,7 +1,9 @@
-"""Live streams over the bus: a session's events, and one turn's end.
+"""Live streams over the bus: a session's events, one turn's events, and one
+turn's end.
 
-Both register with the bus *before* their first read (see
+All register with the bus *before* their first read (see
 :mod:`keyturn.runtime.bus`), so an event that commits in between is not missed.
+A session deleted while they stream ends them with SessionDeleted (NOT_FOUND).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from keyturn.db import reads
 from keyturn.db.engine import Engine, connect
 from keyturn.db.records import EventRecord, TurnRecord
 from keyturn.domain import TERMINAL_EVENTS, TERMINAL_STATUSES
-from keyturn.errors import NotFound
+from keyturn.errors import NotFound, SessionDeleted
 from keyturn.runtime.bus import EventBus
 
 
@@ -51,7 +53,8 @@ async def turn_completed(
         # counter: if the turn has not ended there, its end carries a higher seq.
         async with connect(engine) as conn:
             found = await reads.turn_with_session_seq(conn, tenant=tenant, turn_id=turn_id)
-        assert found is not None  # turns are never deleted
+        if found is None:  # its session was deleted meanwhile
+            raise SessionDeleted(first.session_id)
         turn, seq = found
         if turn.status in TERMINAL_STATUSES:
             yield turn
@@ -67,9 +70,48 @@ async def turn_completed(
 
                 # Every listener of this turn wakes now: one query serves them all.
                 ended = await bus.shared.get(("ended", tenant, turn_id), read_ended)
-                assert ended is not None
+                if ended is None:  # deleted with its session just after it ended
+                    raise SessionDeleted(first.session_id)
                 yield ended
                 return
+            if not events:
+                await bus.wait(sub)
+    finally:
+        bus.unregister(sub)
+
+
+async def turn_events(
+    *, engine: Engine, bus: EventBus, tenant: str, turn_id: uuid.UUID, after_seq: int
+) -> AsyncIterator[EventRecord]:
+    """The turn's events with seq > ``after_seq``, from the record, then live,
+    ending with its terminal event (at once when that is at or before
+    ``after_seq``). Events the record gains after the end (a refused late
+    write, a reconciliation) are not part of this stream."""
+    async with connect(engine) as conn:
+        first = await reads.turn(conn, tenant=tenant, turn_id=turn_id)
+    if first is None:
+        raise NotFound(f"turn {turn_id} not found")
+    # Nothing of the turn comes before its turn.started, whose seq is admit_seq.
+    sub = bus.register(first.session_id, max(after_seq, first.admit_seq - 1))
+    try:
+        # Read after registering: an end committed before this read is in it;
+        # one committed after wakes the subscriber.
+        async with connect(engine) as conn:
+            recorded = await reads.turn_events(conn, turn_id=turn_id)
+        ends = [e.seq for e in recorded if e.type in TERMINAL_EVENTS]
+        if ends:
+            for event in recorded:
+                if after_seq < event.seq <= ends[0]:
+                    yield event
+            return
+        while True:
+            events = await bus.read(sub)
+            for event in events:
+                if event.turn_id != turn_id:
+                    continue
+                yield event
+                if event.type in TERMINAL_EVENTS:
+                    return
             if not events:
                 await bus.wait(sub)
     finally:

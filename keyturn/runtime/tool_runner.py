@@ -7,14 +7,25 @@ A retry (``turn.retry_of``) reuses what the interrupted turn established:
 the interrupted turn's call                the retry's call with the same index
 =========================================  ========================================
 COMPLETED, RECONCILED_APPLIED              reused: ``tool.result`` with ``reused``
-IDEMPOTENT, OUTCOME_UNKNOWN                run again with the *same* effect key
-                                           (the tool applies a key at most once)
+IDEMPOTENT, OUTCOME_UNKNOWN                asked first (as reconciliation asks, and
+                                           recorded as ``tool.reconciled``), then
+                                           reused or run under the retry's own key;
+                                           only a tool that cannot tell runs the
+                                           *same* key again (it applies it once)
 RECONCILED_NOT_APPLIED                     run again under the retry's own key
                                            (asking settled the old key as never)
 UNSAFE, OUTCOME_UNKNOWN                    run again only when the retry was
                                            forced (the resolution refuses otherwise)
-READ_ONLY unknown, NOT_STARTED, no record  run as any new call
+READ_ONLY or REPEATABLE, OUTCOME_UNKNOWN   run again under the retry's own key, no
+                                           force needed (a repeat adds no effect)
+NOT_STARTED, no record                     run as any new call
 =========================================  ========================================
+
+Each call may take ``tool_timeout_s`` (KEYTURN_TOOL_TIMEOUT_S). Past it a
+READ_ONLY call is recorded as an error result and the turn goes on; for any
+other kind the effect is unknown (the tool may still be at work), so the call
+stays OUTCOME_UNKNOWN and the turn is left to be interrupted, as when the
+process dies between intent and result.
 """
 
 from __future__ import annotations
@@ -53,6 +64,11 @@ DEFAULT_MAX_TOOL_ROUNDS = 8
 # How long one question to a tool about an unknown outcome may take; a store
 # that does not answer in time is asked again later.
 RECONCILE_QUESTION_TIMEOUT_S = 10.0
+# A retry asks about the interrupted turn's unknown outcomes this many times,
+# a growing pause apart, before it gives up (and is left to its lease).
+_SETTLE_ATTEMPTS = 4
+_SETTLE_RETRY_S = 0.5
+DEFAULT_TOOL_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +105,9 @@ class ToolRunner:
         owner: str,
         question_timeout_s: float = RECONCILE_QUESTION_TIMEOUT_S,
         max_rounds: int = DEFAULT_MAX_TOOL_ROUNDS,
+        tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     ) -> None:
+        self.tool_timeout_s = tool_timeout_s
         self.max_rounds = max_rounds
         self.engine = engine
         self.model = model
@@ -145,11 +163,40 @@ class ToolRunner:
         return output.text
 
     async def _previous_calls(self, turn: TurnRecord) -> dict[int, ToolCallView]:
+        """The interrupted turn's calls, a retry's to reuse, with every unknown
+        outcome of an IDEMPOTENT tool settled first.
+
+        Settling comes before planning: a retry that ran under the old key
+        while another process was asking about it could have its write
+        refused by that very question ("never applied"). Asking is final and
+        the answer is recorded once (the ledger's unique index), so whoever
+        asks first, the reconciler or this retry, both see the same answer;
+        the retry then reuses an applied effect or runs under its own key."""
         if turn.retry_of is None:
             return {}
+        for attempt in range(_SETTLE_ATTEMPTS):
+            calls = await self._calls_of(turn.retry_of)
+            if not any(self._askable(c) for c in calls.values()):
+                return calls
+            if attempt:
+                await asyncio.sleep(_SETTLE_RETRY_S * attempt)
+            if await self.reconcile(turn.retry_of) == 0:
+                # Every question answered (or a tool said it cannot tell:
+                # then the old key runs again, which such a tool allows).
+                return await self._calls_of(turn.retry_of)
+        raise ToolOutcomeUnknown("the earlier turn's unknown tool outcomes could not be settled")
+
+    async def _calls_of(self, turn_id: uuid.UUID) -> dict[int, ToolCallView]:
         async with connect(self.engine) as conn:
-            events = await reads.turn_events(conn, turn_id=turn.retry_of)
+            events = await reads.turn_events(conn, turn_id=turn_id)
         return {c.index: c for c in tool_calls(events)}
+
+    def _askable(self, call: ToolCallView) -> bool:
+        """An unknown outcome an IDEMPOTENT tool can be asked about."""
+        if call.state is not ToolCallState.OUTCOME_UNKNOWN or call.kind is not ToolKind.IDEMPOTENT:
+            return False
+        tool = self.tools.get(call.tool)
+        return tool is not None and tool.kind is ToolKind.IDEMPOTENT
 
     def _plan(
         self, turn: TurnRecord, index: int, request: ToolRequest, previous: dict[int, ToolCallView]
@@ -209,9 +256,19 @@ class ToolRunner:
             result: dict[str, Any] = {"error": f"no tool named {plan.request.tool!r}"}
         else:
             try:
-                result = await tool.run(plan.request.arguments, effect_key=plan.effect_key)
+                result = await asyncio.wait_for(
+                    tool.run(plan.request.arguments, effect_key=plan.effect_key),
+                    self.tool_timeout_s,
+                )
             except ToolError as error:
                 result = {"error": str(error)}
+            except TimeoutError:
+                late = f"{plan.request.tool} did not answer within {self.tool_timeout_s:g}s"
+                if plan.kind is not ToolKind.READ_ONLY:
+                    raise ToolOutcomeUnknown(f"{late}; its effect is unknown") from None
+                result = {"error": f"{late} (KEYTURN_TOOL_TIMEOUT_S)"}
+            except ToolOutcomeUnknown:
+                raise
             except asyncio.CancelledError:
                 raise
             except Exception as error:

@@ -1,6 +1,8 @@
 """Tools the model may call, each declaring what a repeat would do.
 
 ``READ_ONLY``   changes nothing; running it again is harmless.
+``REPEATABLE``  repeating a call with the same arguments adds no effect, but it
+                cannot be asked whether a call happened.
 ``IDEMPOTENT``  accepts the call's effect key, applies a key at most once, and
                 can be asked whether a key was applied.
 ``UNSAFE``      may change something each time it runs; nobody can ask it.
@@ -12,12 +14,13 @@ the store and the ledger can be observed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from keyturn.db import synthetic_store as store
 from keyturn.db.engine import Engine, connect
 from keyturn.domain import ToolKind
-from keyturn.errors import ToolError
+from keyturn.errors import ToolError, ToolSetupError
 from keyturn.runtime.model import ToolSpec
 
 
@@ -125,12 +128,47 @@ class SyntheticRead(_StoreTool):
             return {"value": await store.latest(conn, name=_text(arguments, "name"))}
 
 
+BUILTIN = "builtin"  # the source of the synthetic tools
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInfo:
+    """One tool this process offers, and where it comes from: ``builtin``,
+    ``mcp:SERVER`` or ``python:ENTRYPOINT``."""
+
+    name: str
+    kind: ToolKind
+    source: str
+    description: str
+
+
 class Tools:
-    def __init__(self, tools: list[Tool]) -> None:
-        self._tools = {t.name: t for t in tools}
+    def __init__(self, tools: list[Tool], *, source: str = BUILTIN) -> None:
+        self._tools: dict[str, Tool] = {}
+        self._sources: dict[str, str] = {}
+        self.add(tools, source=source)
+
+    def add(self, tools: list[Tool], *, source: str) -> None:
+        """Offer more tools (at start, before any turn runs); a name offered
+        twice is refused rather than one tool silently hiding another."""
+        for tool in tools:
+            if tool.name in self._tools:
+                raise ToolSetupError(
+                    f"tool {tool.name!r} is offered twice: by {self._sources[tool.name]} "
+                    f"and by {source}"
+                )
+            self._tools[tool.name] = tool
+            self._sources[tool.name] = source
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
+
+    def infos(self) -> list[ToolInfo]:
+        """Every tool offered, by name."""
+        return [
+            ToolInfo(t.name, t.kind, self._sources[t.name], t.description)
+            for t in sorted(self._tools.values(), key=lambda t: t.name)
+        ]
 
     def specs(self) -> list[ToolSpec]:
         """The tools as a model is told about them, in a stable order."""
@@ -145,7 +183,8 @@ class Tools:
         return tool.kind if tool is not None else ToolKind.UNSAFE
 
 
+BUILTIN_TOOLS = (SyntheticWrite, SyntheticAppend, SyntheticRead)
+
+
 def synthetic_tools(store_engine: Engine) -> Tools:
-    return Tools(
-        [SyntheticWrite(store_engine), SyntheticAppend(store_engine), SyntheticRead(store_engine)]
-    )
+    return Tools([tool(store_engine) for tool in BUILTIN_TOOLS])

@@ -18,15 +18,15 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-from keyturn.db import leases
+from keyturn.db import deltas, leases
 from keyturn.db.engine import Engine, connect
 from keyturn.db.records import TurnRecord
 from keyturn.domain import EventType, History, TurnStatus
 from keyturn.errors import DatabaseUnavailable, ModelError, StaleLease, ToolOutcomeUnknown
 from keyturn.runtime.bus import EventBus
 from keyturn.runtime.crash import CrashHook
-from keyturn.runtime.model import Model, PastTurn
-from keyturn.runtime.output import Output
+from keyturn.runtime.model import Model, PastTurn, ToolOutcome
+from keyturn.runtime.output import DeltaRecorder, Output
 from keyturn.runtime.tool_runner import ToolRunner
 from keyturn.runtime.tools import Tools
 
@@ -65,6 +65,11 @@ class WorkerSettings:
     claim_poll_s: float
     shutdown_grace_s: float
     max_tool_rounds: int = 8
+    tool_timeout_s: float = 30.0
+    # At most one turn.delta per this interval while a model streams.
+    delta_flush_s: float = 0.1
+    # Earlier turns a FULL history reads at most (the latest ones).
+    history_max_turns: int = 50
 
 
 class Worker:
@@ -94,6 +99,7 @@ class Worker:
             lease_ttl_s=settings.lease_ttl_s,
             owner=owner,
             max_rounds=settings.max_tool_rounds,
+            tool_timeout_s=settings.tool_timeout_s,
         )
         # Settling runs beside the claim loop, never in it: a slow tool answer
         # must not keep other sessions' turns queued.
@@ -282,47 +288,62 @@ class Worker:
     async def _execute(self, running: _Running) -> None:
         turn = running.turn
         renewer = asyncio.create_task(self._renew(running))
+        output = Output(
+            record=DeltaRecorder(
+                engine=self.engine,
+                bus=self.bus,
+                turn=turn,
+                owner=self.owner,
+                lease_ttl_s=self.settings.lease_ttl_s,
+            ),
+            flush_interval_s=self.settings.delta_flush_s,
+        )
         try:
-            model_task = asyncio.create_task(self._reply(turn))
+            model_task = asyncio.create_task(self._reply(turn, output))
             lost = asyncio.create_task(running.lease_lost.wait())
             try:
                 await asyncio.wait({model_task, lost}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 lost.cancel()
             if not model_task.done():
+                output.abandon()
                 model_task.cancel()
                 log.warning("turn %s: lease lost while running; abandoning the work", turn.id)
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await model_task
                 return
             try:
-                output = model_task.result()
-            except (StaleLease, ToolOutcomeUnknown) as error:
-                # The ledger refused a write, or a tool's effect is unknown:
-                # the turn is left to its lease, to be interrupted and settled.
+                text = model_task.result()
+            except (StaleLease, ToolOutcomeUnknown, DatabaseUnavailable) as error:
+                # The ledger or a delta was refused, a tool's effect is
+                # unknown, or the database stayed away longer than the lease
+                # could hold: the turn is left to its lease, to be
+                # interrupted and settled.
                 log.warning("turn %s: %s; leaving it to its lease", turn.id, error)
                 return
             except ModelError as error:
-                running.ended = await self._finish(turn, TurnStatus.FAILED, str(error))
+                running.ended = await self._finish(turn, TurnStatus.FAILED, str(error), output)
             except Exception:
                 log.exception("turn %s: model raised", turn.id)
                 running.ended = await self._finish(
-                    turn, TurnStatus.FAILED, "internal error while producing the reply"
+                    turn, TurnStatus.FAILED, "internal error while producing the reply", output
                 )
             else:
-                running.ended = await self._finish(turn, TurnStatus.COMPLETED, output)
+                running.ended = await self._finish(turn, TurnStatus.COMPLETED, text, output)
         except asyncio.CancelledError:
             # Shutdown past the grace period: hand the turn back to the queue.
+            output.abandon()
             running.ended = await asyncio.shield(self._release(turn))
             raise
         finally:
+            output.abandon()
             renewer.cancel()
             if running.ended:
                 self._started.discard((turn.id, turn.epoch))
             self._running.pop(turn.id, None)
             self._wake.set()
 
-    async def _reply(self, turn: TurnRecord) -> str:
+    async def _reply(self, turn: TurnRecord, output: Output) -> str:
         past: list[PastTurn] = []
         while turn.history is History.FULL:
             # A database outage here is no reason to fail the turn: retry
@@ -330,15 +351,29 @@ class Worker:
             try:
                 async with connect(self.engine) as conn:
                     rows = await leases.history(
-                        conn, session_id=turn.session_id, admit_seq=turn.admit_seq
+                        conn,
+                        session_id=turn.session_id,
+                        admit_seq=turn.admit_seq,
+                        limit=self.settings.history_max_turns,
                     )
             except DatabaseUnavailable:
                 log.warning("turn %s: reading its history failed; will retry", turn.id)
                 await asyncio.sleep(0.2)
                 continue
-            past = [PastTurn(i, o, s) for i, o, s in rows]
+            past = [
+                PastTurn(
+                    row.input,
+                    row.output,
+                    row.status,
+                    tuple(
+                        ToolOutcome(t["index"], t["tool"], t["arguments"], t["result"])
+                        for t in row.tools
+                    ),
+                )
+                for row in rows
+            ]
             break
-        return await self.runner.produce(turn, past, Output())
+        return await self.runner.produce(turn, past, output)
 
     async def _renew(self, running: _Running) -> None:
         """Renew the lease until the turn ends. Any error is retried: a renewal
@@ -371,13 +406,30 @@ class Worker:
             deadline = sent + self.settings.lease_ttl_s
             delay = self.settings.lease_renew_s
 
-    async def _finish(self, turn: TurnRecord, status: TurnStatus, text: str) -> bool:
-        """COMPLETED with ``text`` as the output, or FAILED with it as the error.
+    async def _finish(
+        self, turn: TurnRecord, status: TurnStatus, text: str, produced: Output
+    ) -> bool:
+        """COMPLETED with ``text`` as the output, or FAILED with it as the error
+        (keeping what the model streamed before it failed). The text not yet
+        recorded as a delta is written with the end, in its statement.
         True when the record holds that end."""
+        try:
+            await produced.flush()
+        except (StaleLease, DatabaseUnavailable) as failure:
+            log.warning("turn %s: %s; leaving it to its lease", turn.id, failure)
+            return False
+        last = produced.unrecorded
+        delta = (
+            deltas.delta_data(text=last.text, index=last.index, epoch=turn.epoch)
+            if last is not None
+            else None
+        )
         event_type = _END_EVENT[status]
-        output, error = (text, None) if status is TurnStatus.COMPLETED else (None, text)
+        output, error = (
+            (text, None) if status is TurnStatus.COMPLETED else (produced.text or None, text)
+        )
         data: dict[str, object] = {"status": status, "epoch": turn.epoch}
-        if output is not None:
+        if status is TurnStatus.COMPLETED:
             data["output"] = output
         if error is not None:
             data["error"] = error
@@ -396,6 +448,7 @@ class Worker:
                         output=output,
                         error=error,
                         data=data,
+                        delta=delta,
                     )
                     # A refusal may be this worker's own earlier attempt, whose
                     # commit answer was lost: then the turn is finished.

@@ -31,6 +31,8 @@ class ErrorCode(Enum):
     TURN_NOT_INTERRUPTED = "TURN_NOT_INTERRUPTED"
     TURN_ALREADY_RESOLVED = "TURN_ALREADY_RESOLVED"
     UNSAFE_RETRY_REFUSED = "UNSAFE_RETRY_REFUSED"
+    KEY_EXPIRED = "KEY_EXPIRED"
+    SESSION_BUSY = "SESSION_BUSY"
 
 
 __all__ = ["ErrorCode", "History", "ResolutionAction", "ToolCallState", "ToolKind", "TurnStatus"]

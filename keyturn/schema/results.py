@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 import strawberry
@@ -41,6 +42,19 @@ class IdempotencyConflict(UserError):
     existing_turn_id: strawberry.ID
 
 
+@strawberry.type(
+    description="The key's turn ended more than the server's key retention ago "
+    "(Query.serverPolicy): the key is spent, whatever the request; nothing was written. "
+    "Use a new key for a new turn."
+)
+class KeyExpired(UserError):
+    idempotency_key: str
+    turn_id: strawberry.ID = strawberry.field(
+        description="The turn the key named (it may have been pruned since)."
+    )
+    expired_at: datetime = strawberry.field(description="When the key stopped answering replays.")
+
+
 @strawberry.type
 class SessionNotFound(UserError):
     session_id: strawberry.ID
@@ -52,7 +66,7 @@ class InvalidInput(UserError):
 
 
 SubmitTurnResult = Annotated[
-    TurnAccepted | TurnReplayed | IdempotencyConflict | SessionNotFound | InvalidInput,
+    TurnAccepted | TurnReplayed | IdempotencyConflict | SessionNotFound | InvalidInput | KeyExpired,
     strawberry.union("SubmitTurnResult"),
 ]
 
@@ -72,6 +86,19 @@ def from_admission(admission: Admission, *, session_id: str, key: str) -> Submit
             ),
             idempotency_key=key,
             existing_turn_id=strawberry.ID(str(turn.id)),
+        )
+    if admission.outcome is AdmissionOutcome.EXPIRED and admission.expiry is not None:
+        expiry = admission.expiry
+        return KeyExpired(
+            code=ErrorCode.KEY_EXPIRED,
+            message=(
+                f"this idempotency key named turn {expiry.turn_id}, which ended at "
+                f"{expiry.ended_at.isoformat()}; the key stopped answering replays at "
+                f"{expiry.expired_at.isoformat()}. Use a new key for a new turn"
+            ),
+            idempotency_key=key,
+            turn_id=strawberry.ID(str(expiry.turn_id)),
+            expired_at=expiry.expired_at,
         )
     return SessionNotFound(
         code=ErrorCode.SESSION_NOT_FOUND,

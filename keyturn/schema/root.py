@@ -10,17 +10,20 @@ from collections.abc import AsyncGenerator
 
 import strawberry
 
-from keyturn.resolvers import nodes, resolutions, sessions, streams, turns
+from keyturn.resolvers import nodes, policy, resolutions, sessions, streams, tools, turns
 from keyturn.schema.context import Info
+from keyturn.schema.deletion import DeleteSessionInput, DeleteSessionResult, from_deletion
 from keyturn.schema.enums import History
 from keyturn.schema.errors import answers_invalid_input
 from keyturn.schema.inputs import CreateSessionInput, SubmitTurnInput
+from keyturn.schema.policy import ServerPolicy
 from keyturn.schema.resolution import (
     ResolveInterruptedTurnInput,
     ResolveInterruptedTurnResult,
     from_resolution,
 )
 from keyturn.schema.results import SubmitTurnResult, from_admission
+from keyturn.schema.tools import ToolInfo
 from keyturn.schema.types import Event, Node, Session, SessionConnection, Turn, node_from_record
 
 
@@ -45,6 +48,13 @@ class Query:
         found = await turns.get_turn(info.context, turn_id=id)
         return Turn.from_record(found) if found is not None else None
 
+    @strawberry.field(  # type: ignore[untyped-decorator]
+        description="How long this server keeps keys, turns and tombstones: its published "
+        "retention policy."
+    )
+    def server_policy(self, info: Info) -> ServerPolicy:
+        return ServerPolicy.from_policy(policy.server_policy(info.context))
+
     @strawberry.field(description="Any session, turn or event by its id; null if none.")  # type: ignore[untyped-decorator]
     async def node(self, info: Info, id: strawberry.ID) -> Node | None:
         found = await nodes.node(info.context, id=id)
@@ -55,6 +65,13 @@ class Query:
         found = await nodes.nodes(info.context, ids=ids)
         return [node_from_record(f) if f is not None else None for f in found]
 
+    @strawberry.field(  # type: ignore[untyped-decorator]
+        description="The tools this server offers the model: builtin, from MCP servers "
+        "and from Python entry points, by name."
+    )
+    def tools(self, info: Info) -> list[ToolInfo]:
+        return [ToolInfo.from_info(t) for t in tools.list_tools(info.context)]
+
 
 @strawberry.type
 class Mutation:
@@ -64,6 +81,17 @@ class Mutation:
         return Session.from_record(
             await sessions.create_session(info.context, default_history=default)
         )
+
+    @strawberry.mutation(  # type: ignore[untyped-decorator]
+        description="Delete a session with its turns, events and keys; refused while a turn "
+        "runs. Idempotent under its key."
+    )
+    @answers_invalid_input
+    async def delete_session(self, info: Info, input: DeleteSessionInput) -> DeleteSessionResult:
+        result = await sessions.delete_session(
+            info.context, session_id=str(input.session_id), idempotency_key=input.idempotency_key
+        )
+        return from_deletion(result, session_id=str(input.session_id), key=input.idempotency_key)
 
     @strawberry.mutation
     @answers_invalid_input
@@ -107,6 +135,19 @@ class Subscription:
     async def turn_completed(self, info: Info, turn_id: strawberry.ID) -> AsyncGenerator[Turn]:
         async for turn in streams.turn_completed(info.context, turn_id=turn_id):
             yield Turn.from_record(turn)
+
+    @strawberry.subscription(  # type: ignore[untyped-decorator]
+        description="The turn's events with seq > afterSeq, from the record, then live, in "
+        "seq order with no gap and no duplicate; completes after its terminal event "
+        "(turn.completed, turn.failed or turn.interrupted)."
+    )
+    async def turn_events(
+        self, info: Info, turn_id: strawberry.ID, after_seq: int | None = 0
+    ) -> AsyncGenerator[Event]:
+        async for event in streams.turn_events(
+            info.context, turn_id=turn_id, after_seq=after_seq or 0
+        ):
+            yield Event.from_record(event)
 
     @strawberry.subscription(  # type: ignore[untyped-decorator]
         description="Every event with seq > afterSeq, from the record, then live; in seq "

@@ -173,7 +173,7 @@ async def test_graphiql_renders_and_runs_operations_with_no_other_host(
     await page.locator(".graphiql-execute-button").click()
     await expect(page.locator(RESULT)).to_contain_text(session_id, timeout=LIVE)
     body = json.loads(await editor_text(page, RESULT))
-    assert body["data"]["session"] == {"id": session_id, "eventCount": 3}
+    assert body["data"]["session"] == {"id": session_id, "eventCount": 4}
     await page.screenshot(path=shots / "3-linked-query.png")
 
     assert offline.blocked == []

@@ -36,36 +36,78 @@ def test_the_interruption_experiment_finds_no_contradiction(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "crash point" in done.stdout and "Contradictions in all: 0" in done.stdout
-    assert "4/4 turns settled" in done.stderr  # the progress line
+    assert "12/12 turns settled" in done.stderr  # the progress line
     summary: dict[str, Any] = json.loads(out.read_text())
     assert summary["contradictions"] == 0
-    rows = {(r["point"], r["kind"]): r for r in summary["rows"]}
-    expected = {
-        ("before_intent", "IDEMPOTENT"): ("NOT_STARTED", "not applied"),
-        ("before_intent", "UNSAFE"): ("NOT_STARTED", "not applied"),
+    rows = {(r["point"], r["tool"]): r for r in summary["rows"]}
+    # What the record says of the second call, and what the store says, for
+    # each crash point and tool (the builtin ones, and the MCP server's).
+    said = {
+        "before_intent": {
+            "synthetic_write": ("NOT_STARTED", "not applied"),
+            "synthetic_append": ("NOT_STARTED", "not applied"),
+            "store__read": ("NOT_STARTED", "unchanged"),
+            "store__set": ("NOT_STARTED", "not set"),
+            "store__write": ("NOT_STARTED", "not applied"),
+            "store__append": ("NOT_STARTED", "not applied"),
+        },
         # Between intent and result the record cannot know; the idempotent
-        # tool is asked, and the answer is the store's.
-        ("after_intent", "IDEMPOTENT"): ("RECONCILED_NOT_APPLIED", "not applied"),
-        ("after_intent", "UNSAFE"): ("OUTCOME_UNKNOWN", "not applied"),
-        ("after_write", "IDEMPOTENT"): ("RECONCILED_APPLIED", "applied once"),
-        ("after_write", "UNSAFE"): ("OUTCOME_UNKNOWN", "applied once"),
-        ("after_result", "IDEMPOTENT"): ("COMPLETED", "applied once"),
-        ("after_result", "UNSAFE"): ("COMPLETED", "applied once"),
-        ("none", "IDEMPOTENT"): ("COMPLETED", "applied once"),
-        ("none", "UNSAFE"): ("COMPLETED", "applied once"),
+        # tools are asked, and the answer is the store's.
+        "after_intent": {
+            "synthetic_write": ("RECONCILED_NOT_APPLIED", "not applied"),
+            "synthetic_append": ("OUTCOME_UNKNOWN", "not applied"),
+            "store__read": ("OUTCOME_UNKNOWN", "unchanged"),
+            "store__set": ("OUTCOME_UNKNOWN", "not set"),
+            "store__write": ("RECONCILED_NOT_APPLIED", "not applied"),
+            "store__append": ("OUTCOME_UNKNOWN", "not applied"),
+        },
+        "after_write": {
+            "synthetic_write": ("RECONCILED_APPLIED", "applied once"),
+            "synthetic_append": ("OUTCOME_UNKNOWN", "applied once"),
+            "store__read": ("OUTCOME_UNKNOWN", "unchanged"),
+            "store__set": ("OUTCOME_UNKNOWN", "set"),
+            "store__write": ("RECONCILED_APPLIED", "applied once"),
+            "store__append": ("OUTCOME_UNKNOWN", "applied once"),
+        },
     }
-    for where, (record, store_says) in expected.items():
-        assert rows[where]["record"] == {record: 2}, (where, rows[where])
-        assert rows[where]["store"] == {store_says: 2}, (where, rows[where])
-    # OUTCOME_UNKNOWN exactly where the crash fell between intent and result.
+    done_once = {
+        "synthetic_write": ("COMPLETED", "applied once"),
+        "synthetic_append": ("COMPLETED", "applied once"),
+        "store__read": ("COMPLETED", "unchanged"),
+        "store__set": ("COMPLETED", "set"),
+        "store__write": ("COMPLETED", "applied once"),
+        "store__append": ("COMPLETED", "applied once"),
+    }
+    said["after_result"] = said["none"] = done_once
+    kinds = {
+        "synthetic_write": "IDEMPOTENT",
+        "synthetic_append": "UNSAFE",
+        "store__read": "READ_ONLY",
+        "store__set": "REPEATABLE",
+        "store__write": "IDEMPOTENT",
+        "store__append": "UNSAFE",
+    }
+    assert set(rows) == {(point, tool) for point, tools in said.items() for tool in tools}
+    for point, tools in said.items():
+        for tool, (record, store_says) in tools.items():
+            row = rows[(point, tool)]
+            assert row["kind"] == kinds[tool], row
+            assert row["record"] == {record: 2}, (point, tool, row)
+            assert row["store"] == {store_says: 2}, (point, tool, row)
+    # OUTCOME_UNKNOWN exactly where the crash fell between intent and result
+    # of a tool nobody can ask.
     unknown = {
-        (o["point"], o["kind"])
+        (o["point"], o["tool"])
         for o in summary["observations"]
         for c in o["calls"]
         if c["record"] == "OUTCOME_UNKNOWN"
     }
-    assert unknown == {("after_intent", "UNSAFE"), ("after_write", "UNSAFE")}
-    assert summary["earlierCalls"] == {"agreed": 20}
+    assert unknown == {
+        (point, tool)
+        for point in ("after_intent", "after_write")
+        for tool in ("synthetic_append", "store__read", "store__set", "store__append")
+    }
+    assert summary["earlierCalls"] == {"agreed": 60}
 
 
 async def test_a_retry_after_a_real_kill_reuses_results_and_refuses_an_unknown_unsafe_call(

@@ -54,7 +54,7 @@ async def test_completion_run_on_one_server_reaches_listeners_on_the_other(
     client = GraphQLClient(a.url)
     sid = await client.create_session()
     warm = (await client.submit(sid, "w", "warm up"))["turn"]
-    await client.wait_for_status(warm["id"], {"COMPLETED"})  # seq 1..3
+    await client.wait_for_status(warm["id"], {"COMPLETED"})  # seq 1..4
     turn = (await client.submit(sid, "k", "/sleep 1500 across processes"))["turn"]
 
     async def listen(server: ServerProcess) -> tuple[list[Any], list[Any]]:
@@ -62,7 +62,7 @@ async def test_completion_run_on_one_server_reaches_listeners_on_the_other(
             events: list[Any] = []
 
             async def stream() -> None:
-                async for r in ws.subscribe(request(SESSION_EVENTS, s=sid, a=3)):
+                async for r in ws.subscribe(request(SESSION_EVENTS, s=sid, a=4)):
                     events.append(r["sessionEvents"])
                     if r["sessionEvents"]["type"] == "turn.completed":
                         return
@@ -80,9 +80,10 @@ async def test_completion_run_on_one_server_reaches_listeners_on_the_other(
     completed, events = on_b if other is b else on_a
     assert [c["turnCompleted"]["status"] for c in completed] == ["COMPLETED"]
     assert [(e["seq"], e["type"]) for e in events] == [
-        (4, "turn.started"),
-        (5, "turn.running"),
-        (6, "turn.completed"),
+        (5, "turn.started"),
+        (6, "turn.running"),
+        (7, "turn.delta"),
+        (8, "turn.completed"),
     ]
     await client.close()
 
@@ -256,7 +257,8 @@ async def test_listener_connection_terminated_while_turns_complete_loses_nothing
         await conn.close()
     assert terminated >= 3
     seqs = [e["seq"] for e in received]
-    assert seqs == list(range(1, 3 * n_turns + 1))  # strictly increasing, no gap, no dup
+    # started, running, delta, completed per turn: strictly increasing, no gap, no dup
+    assert seqs == list(range(1, 4 * n_turns + 1))
     assert "listener reconnected" in b.log()
     await client.close()
 

@@ -106,24 +106,24 @@ async def test_submit_reload_retry_replays_and_changed_input_conflicts(
         "fixture reply to: /sleep 1500 hello playground\nhistory: FULL, no earlier turns"
     )
     counter = page.locator("#event-count")
-    await expect(counter).to_have_text("3", timeout=LIVE)
+    await expect(counter).to_have_text("4", timeout=LIVE)
     # The answer's "Events saved" and the counter are the same number.
     delta = answer.locator("[data-role=delta]")
     await expect(delta).to_have_text(
-        "0 before the request, 3 now: +3 (turn.started, turn.running, turn.completed)"
+        "0 before the request, 4 now: +4 (turn.started, turn.running, turn.delta, turn.completed)"
     )
-    await expect(delta).to_have_attribute("data-delta", "3")
-    await expect(page.locator("#event-delta")).to_contain_text("Since the last request: +3")
-    await expect(page.locator("#timeline > li")).to_have_count(3)
+    await expect(delta).to_have_attribute("data-delta", "4")
+    await expect(page.locator("#event-delta")).to_contain_text("Since the last request: +4")
+    await expect(page.locator("#timeline > li")).to_have_count(4)
     await page.screenshot(path=shots / "1-accepted-completed.png", full_page=True)
     saved = await record(db, session_id)
-    assert saved == (1, 3)
+    assert saved == (1, 4)
 
     # Reload: the last submission survives in localStorage; the retry replays.
     await page.reload()
     await expect(page.locator("body")).to_have_attribute("data-ready", "true")
     await expect(page.locator("#session-id")).to_have_text(session_id)
-    await expect(counter).to_have_text("3")
+    await expect(counter).to_have_text("4")
     await expect(page.locator("#last-summary")).to_contain_text(key)
     await page.get_by_role("button", name="Retry last submission").click()
     await expect(answer.locator("[data-role=typename]")).to_have_text("TurnReplayed")
@@ -131,9 +131,9 @@ async def test_submit_reload_retry_replays_and_changed_input_conflicts(
     assert await answer.locator("[data-role=turn-id]").inner_text() == turn_id
     await expect(answer.locator("[data-role=same-turn]")).to_contain_text("yes")
     await expect(delta).to_have_attribute("data-delta", "0")
-    await expect(delta).to_have_text("3 before the request, 3 now: nothing new")
+    await expect(delta).to_have_text("4 before the request, 4 now: nothing new")
     await expect(status).to_have_text("COMPLETED")
-    await expect(counter).to_have_text("3")
+    await expect(counter).to_have_text("4")
     await page.screenshot(path=shots / "2-reloaded-retry-replayed.png", full_page=True)
     await page.set_viewport_size({"width": 1200, "height": 900})
     await page.evaluate("window.scrollTo(0, 0)")
@@ -147,14 +147,74 @@ async def test_submit_reload_retry_replays_and_changed_input_conflicts(
     await expect(answer.locator("[data-role=kind]")).to_have_text("Conflict")
     await expect(answer).to_contain_text(turn_id)
     await expect(answer.locator("[data-role=delta]")).to_have_attribute("data-delta", "0")
-    await expect(counter).to_have_text("3")
-    await expect(page.locator("#timeline > li")).to_have_count(3)
+    await expect(counter).to_have_text("4")
+    await expect(page.locator("#timeline > li")).to_have_count(4)
     await page.screenshot(path=shots / "3-changed-input-conflict.png", full_page=True)
     assert await record(db, session_id) == saved
     keys = await db.fetch(
         "SELECT idempotency_key FROM turns WHERE session_id = $1::uuid", session_id
     )
     assert [r["idempotency_key"] for r in keys] == [key]
+
+
+# Every text the answer's output shows, and whether it was marked partial, as
+# the page changes it (kept in the page, so no change is missed between looks).
+OBSERVE_OUTPUT = """() => {
+  window.outputsSeen = [];
+  const answer = document.getElementById("answer");
+  const look = () => {
+    const out = answer.querySelector("[data-role=output]");
+    if (!out) return;
+    const seen = { text: out.textContent, partial: out.dataset.partial === "true" };
+    const last = window.outputsSeen[window.outputsSeen.length - 1];
+    if (!last || last.text !== seen.text || last.partial !== seen.partial) {
+      window.outputsSeen.push(seen);
+    }
+  };
+  new MutationObserver(look).observe(answer, {
+    subtree: true, childList: true, characterData: true, attributes: true,
+  });
+}"""
+
+
+async def test_a_streamed_answer_grows_live_and_reads_the_same_after_a_reload(
+    page: Page, live_server: ServerProcess, db: Any, shots: Path
+) -> None:
+    await open_playground(page, live_server.url)
+    await page.get_by_role("button", name="New session").click()
+    await expect(page.locator("#session-id")).to_have_text(re.compile(r"^[0-9a-f-]{36}$"))
+    await page.evaluate(OBSERVE_OUTPUT)
+    await page.get_by_label("Input").fill("/stream 5 300")
+    await page.get_by_role("button", name="Submit turn").click()
+    answer = page.locator("#answer")
+    output = answer.locator("[data-role=output]")
+    await expect(output).to_have_attribute("data-partial", "true", timeout=LIVE)
+    await page.screenshot(path=shots / "6-streaming.png", full_page=True)
+    await expect(answer.locator("[data-role=status]")).to_have_text("COMPLETED", timeout=LIVE)
+    full = "fixture reply to: /stream 5 300\nhistory: FULL, no earlier turns"
+    await expect(output).to_have_text(full)
+    await expect(output).not_to_have_attribute("data-partial", "true")
+    seen: list[dict[str, Any]] = await page.evaluate("window.outputsSeen")
+    partial = [s["text"] for s in seen if s["partial"]]
+    # Before it completed the answer showed the text so far, growing.
+    assert all(full.startswith(t) for t in partial), seen
+    assert any(len(t) < len(full) for t in partial), seen
+    assert [len(t) for t in partial] == sorted({len(t) for t in partial})
+    deltas = await db.fetch(
+        "SELECT data ->> 'text' AS text FROM events WHERE type = 'turn.delta' ORDER BY seq"
+    )
+    assert "".join(d["text"] for d in deltas) == full
+    assert len(deltas) > 1
+    delta_rows = page.locator("#timeline > li[data-type='turn.delta']")
+    await expect(delta_rows).to_have_count(len(deltas))
+
+    # After a reload the page reads the record again: the same text.
+    await page.reload()
+    await expect(page.locator("body")).to_have_attribute("data-ready", "true")
+    await page.get_by_role("button", name="Retry last submission").click()
+    await expect(answer.locator("[data-role=typename]")).to_have_text("TurnReplayed")
+    await expect(output).to_have_text(full)
+    await expect(delta_rows).to_have_count(len(deltas))
 
 
 async def test_sessions_history_keyboard_timeline_and_narrow_window(
@@ -211,11 +271,12 @@ async def test_sessions_history_keyboard_timeline_and_narrow_window(
     await expect(page.locator("#session-id")).to_have_text(first_session)
     await expect(page.locator("#session-default-history")).to_have_text("FULL")
     await expect(answer).to_have_attribute("data-kind", "none")  # it was another session's
-    await expect(page.locator("#event-count")).to_have_text("3")
+    await expect(page.locator("#event-count")).to_have_text("4")
     rows = page.locator("#timeline > li")
-    await expect(rows).to_have_count(3)
+    await expect(rows).to_have_count(4)
     assert await rows.evaluate_all("rows => rows.map(r => r.dataset.type)") == [
         "turn.completed",
+        "turn.delta",
         "turn.running",
         "turn.started",
     ]

@@ -54,6 +54,7 @@ async def test_replacement_after_a_clean_stop_finds_everything_and_runs_what_was
             "turn.running",
             "turn.released",
             "turn.running",
+            "turn.delta",
             "turn.completed",
         ]
         await client.close()

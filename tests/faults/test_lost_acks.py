@@ -15,9 +15,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from keyturn.db import leases, ledger
+from keyturn.db import deltas, leases, ledger
 from keyturn.db.engine import asyncpg_dsn
 from keyturn.ops import databases
+from tests import figures
 from tests.faults.pg import CuttingProxy, PrivatePostgres, server_port
 from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_in_process
 
@@ -45,6 +46,18 @@ def proxied(
             await proxy.stop()
 
     return start
+
+
+def cut(statement: str) -> None:
+    figures.add("faults injected")
+    figures.add("commit answers cut")
+    figures.add(f"commit answers cut: {statement}")
+
+
+def judged(contradiction: bool) -> bool:
+    """Count what the record says after a cut; the test then asserts it."""
+    figures.add("contradictions found", int(contradiction))
+    return contradiction
 
 
 async def event_types(direct: str, turn_id: str) -> list[str]:
@@ -78,9 +91,10 @@ async def test_a_plan_whose_answer_was_lost_is_recorded_once(
         tid = (await client.submit(sid, "w", "/write a=1"))["turn"]["id"]
         done = await client.wait_for_status(tid, {"COMPLETED", "INTERRUPTED", "FAILED"}, 30)
         assert proxy.cut_done.is_set(), "the proxy did not cut"
+        cut("tool.planned append")
         assert done["status"] == "COMPLETED", done
         types = await event_types(direct, tid)
-        assert types.count("tool.planned") == 1, types
+        assert not judged(types.count("tool.planned") != 1), types
         assert types.count("tool.intent") == types.count("tool.result") == 1, types
         await client.close()
 
@@ -95,11 +109,13 @@ async def test_a_finish_whose_answer_was_lost_is_not_recorded_as_refused(
         tid = (await client.submit(sid, "f", "hello"))["turn"]["id"]
         done = await client.wait_for_status(tid, {"COMPLETED", "INTERRUPTED", "FAILED"}, 30)
         await asyncio.wait_for(proxy.cut_done.wait(), 10)
+        cut("finish")
         assert done["status"] == "COMPLETED", done
         # The retry found its own write: nothing more is recorded after the end.
         await worker_idle(srv)
         types = await event_types(direct, tid)
-        assert types == ["turn.started", "turn.running", "turn.completed"], types
+        assert not judged("turn.write_refused" in types), types
+        assert types == ["turn.started", "turn.running", "turn.delta", "turn.completed"], types
         await client.close()
 
 
@@ -115,10 +131,33 @@ async def test_a_claim_whose_answer_was_lost_runs_its_turn(
         proxy.cut_after(leases._CLAIM.sql)
         tid = (await client.submit(sid, "c", "hello"))["turn"]["id"]
         await asyncio.wait_for(proxy.cut_done.wait(), 10)
+        cut("claim")
         done = await client.wait_for_status(tid, {"COMPLETED", "INTERRUPTED", "FAILED"}, 30)
-        assert done["status"] == "COMPLETED", done
+        assert not judged(done["status"] != "COMPLETED"), done
         await worker_idle(srv)
         types = await event_types(direct, tid)
-        assert types == ["turn.started", "turn.running", "turn.completed"], types
+        assert types == ["turn.started", "turn.running", "turn.delta", "turn.completed"], types
         assert done["output"]
+        await client.close()
+
+
+async def test_a_delta_whose_answer_was_lost_is_recorded_once(
+    proxied: Callable[..., AbstractAsyncContextManager[Proxied]],
+) -> None:
+    async with proxied(delta_flush_ms=20) as (srv, proxy, direct):
+        client = GraphQLClient(srv.url)
+        sid = await client.create_session()
+        proxy.cut_after(deltas._APPEND.sql)
+        tid = (await client.submit(sid, "s", "/stream 4 300"))["turn"]["id"]
+        done = await client.wait_for_status(tid, {"COMPLETED", "INTERRUPTED", "FAILED"}, 30)
+        await asyncio.wait_for(proxy.cut_done.wait(), 10)
+        cut("turn.delta append")
+        assert done["status"] == "COMPLETED", done
+        await worker_idle(srv)
+        # The retry found its own delta: each index once, nothing refused, and
+        # the pieces still make up the output.
+        pieces = [e["data"] for e in done["events"] if e["type"] == "turn.delta"]
+        assert not judged([p["index"] for p in pieces] != list(range(len(pieces)))), pieces
+        assert "turn.write_refused" not in await event_types(direct, tid)
+        assert "".join(p["text"] for p in pieces) == done["output"]
         await client.close()

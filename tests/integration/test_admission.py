@@ -27,7 +27,12 @@ async def test_accepted_turn_and_its_started_event_are_saved_before_the_answer(
     assert (first["seq"], first["type"]) == (1, "turn.started")
     done = await client.wait_for_status(turn_id, {"COMPLETED"})
     assert done["output"].startswith("fixture reply to: hello")
-    assert [e["type"] for e in done["events"]] == ["turn.started", "turn.running", "turn.completed"]
+    assert [e["type"] for e in done["events"]] == [
+        "turn.started",
+        "turn.running",
+        "turn.delta",
+        "turn.completed",
+    ]
 
 
 async def test_same_key_same_request_replays_the_original_and_writes_nothing(

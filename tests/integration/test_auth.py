@@ -111,6 +111,7 @@ async def test_another_tenants_things_read_as_not_found(server: InProcessServer,
     for query, variables in [
         ("subscription($t: ID!) { turnCompleted(turnId: $t) { id } }", {"t": tid}),
         ("subscription($s: ID!) { sessionEvents(sessionId: $s) { seq } }", {"s": sid}),
+        ("subscription($t: ID!) { turnEvents(turnId: $t) { seq } }", {"t": tid}),
     ]:
         messages = await ws_exchange(
             server, {"authorization": f"Bearer {b_token}"}, query, variables

@@ -25,10 +25,10 @@ async def test_seq_is_gapless_per_session_under_concurrent_writers(
                 "SELECT seq FROM events WHERE session_id = $1::uuid ORDER BY seq", sid
             )
         ]
-        # 15 turns, each: started, running, completed
-        assert seqs == list(range(1, 46))
+        # 15 turns, each: started, running, its one delta, completed
+        assert seqs == list(range(1, 61))
         session = await client.session(sid)
-        assert session["eventCount"] == 45
+        assert session["eventCount"] == 60
 
 
 async def test_a_reader_never_finds_a_new_event_at_or_below_a_seq_it_has_seen(
@@ -63,7 +63,7 @@ async def test_a_reader_never_finds_a_new_event_at_or_below_a_seq_it_has_seen(
     await task
     await reader_conn.close()
     assert violations == []
-    assert seen == set(range(1, 181))
+    assert seen == set(range(1, 241))  # 60 turns of 4 events
 
 
 async def test_events_page_with_opaque_cursors(client: GraphQLClient) -> None:
@@ -80,15 +80,15 @@ async def test_events_page_with_opaque_cursors(client: GraphQLClient) -> None:
     while True:
         data = await client.execute(query, {"id": sid, "after": after})
         conn = data["session"]["events"]
-        assert conn["totalCount"] == 15
+        assert conn["totalCount"] == 20
         collected += [e["node"]["seq"] for e in conn["edges"]]
         pages += 1
         if not conn["pageInfo"]["hasNextPage"]:
             break
         after = conn["pageInfo"]["endCursor"]
         assert after == conn["edges"][-1]["cursor"]
-    assert collected == list(range(1, 16))
-    assert pages == 4
+    assert collected == list(range(1, 21))
+    assert pages == 5
 
 
 async def test_first_over_100_is_an_error_not_a_clamp(client: GraphQLClient) -> None:

@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from keyturn.runtime.auth import create_token
+from tests import figures
 from tests.support import GraphQLClient, fast_settings, new_key, serve_in_process
 
 UNAVAILABLE = {"code": "UNAVAILABLE", "retryable": True}
@@ -53,12 +54,13 @@ async def test_a_running_turn_outlives_its_lease_while_requests_hold_every_conne
                     status = await db.fetchval(
                         "SELECT status FROM turns WHERE id = $1::uuid", turn_id
                     )
+                figures.add("other tenants' turns interrupted", int(status == "INTERRUPTED"))
                 assert status == "COMPLETED"
 
             turn = await client.turn(turn_id)
             assert turn is not None
             types = [e["type"] for e in turn["events"]]
-            assert types == ["turn.started", "turn.running", "turn.completed"]
+            assert types == ["turn.started", "turn.running", "turn.delta", "turn.completed"]
 
             metrics = (await client.http.get("/metrics")).text
             assert "keyturn_work_pool_connections_size 5.0" in metrics

@@ -27,8 +27,10 @@ async def test_turns_of_a_session_queue_and_run_one_at_a_time_in_admission_order
     for tid in ids:
         await client.wait_for_status(tid, {"COMPLETED"})
     runs = [(t, tid) for t, tid in await events_of(db, sid) if t != "turn.started"]
-    # running/completed pairs, never interleaved, in admission order
-    assert runs == [(kind, tid) for tid in ids for kind in ("turn.running", "turn.completed")]
+    # running, delta, completed, never interleaved, in admission order
+    assert runs == [
+        (kind, tid) for tid in ids for kind in ("turn.running", "turn.delta", "turn.completed")
+    ]
 
 
 async def test_full_history_sees_earlier_completed_turns_none_sees_only_its_input(

@@ -116,8 +116,8 @@ async def test_the_latest_events_and_forward_paging_agree(client: GraphQLClient)
     )
     latest = data["session"]["latest"]
     assert [e["node"] for e in latest["edges"]] == [
-        {"seq": 5, "type": "turn.running"},
-        {"seq": 6, "type": "turn.completed"},
+        {"seq": 7, "type": "turn.delta"},
+        {"seq": 8, "type": "turn.completed"},
     ]
     assert latest["pageInfo"] == {"hasPreviousPage": True, "hasNextPage": False}
     start = data["session"]["start"]["pageInfo"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import GraphQLClient, fast_settings, serve_in_process
+from tests.support import GraphQLClient, admin, fast_settings, serve_in_process
 
 TOOL_CALLS = """
 query($id: ID!) { turn(id: $id) {
@@ -114,6 +114,7 @@ async def test_each_call_has_an_intent_then_a_result_and_the_store_has_each_effe
         "tool.result",
         "tool.intent",
         "tool.result",
+        "turn.delta",
         "turn.completed",
     ]
     assert [(c["index"], c["tool"], c["kind"], c["state"]) for c in t["toolCalls"]] == [
@@ -330,3 +331,50 @@ async def test_another_tenant_cannot_resolve_or_see_the_turn(
         assert mine.outcome is ResolutionOutcome.ACCEPTED
     finally:
         await engine.dispose()
+
+
+@pytest.mark.parametrize("holding", ["after_intent:0"], indirect=True)
+async def test_a_retry_racing_reconciliation_settles_first_and_runs_under_its_own_key(
+    holding: GraphQLClient, db: Any, database_url: str
+) -> None:
+    """The interrupting process is still asking the tool about the unknown
+    call (its store is slow: the test holds a lock on it) when the client
+    retries. The retry must not run the old key meanwhile: asking would
+    settle it as never applied and refuse the retry's write. It asks too,
+    after the first question, and runs under its own key."""
+    client = holding
+    sid = await client.create_session()
+    w = (await client.submit(sid, "w", "/write a=1"))["turn"]["id"]
+    await held_at(db, w, 4)
+    blocker: Any = await admin(database_url)
+    try:
+        lock = blocker.transaction()
+        await lock.start()
+        await blocker.execute("LOCK TABLE synthetic_effects IN ACCESS EXCLUSIVE MODE")
+        await take_over(db, w)
+        await client.wait_for_status(w, {"INTERRUPTED"})
+        before = await turn(client, w)
+        assert [c["state"] for c in before["toolCalls"]] == ["OUTCOME_UNKNOWN"]
+        new = (await resolve(client, w, "RETRY", "race"))["retry"]["id"]
+        await client.wait_for_status(new, {"RUNNING"})
+        await asyncio.sleep(0.3)  # the retry is planning its call now
+        await lock.rollback()
+    finally:
+        await blocker.close()
+    # The retry holds at this server's crash point, after its intent.
+    await held_at(db, new, 4)
+    t = await settled(client, w)
+    assert [c["state"] for c in t["toolCalls"]] == ["RECONCILED_NOT_APPLIED"]
+    intent = await db.fetchval(
+        "SELECT data FROM events WHERE turn_id = $1::uuid AND type = 'tool.intent'", new
+    )
+    assert f'"effectKey": "{new}/0"' in intent
+    # The question was answered before the retry planned its call.
+    order = await db.fetch(
+        "SELECT type FROM events WHERE session_id = $1::uuid "
+        "AND type IN ('tool.reconciled', 'tool.planned') AND seq > "
+        "(SELECT admit_seq FROM turns WHERE id = $2::uuid) ORDER BY seq",
+        sid,
+        new,
+    )
+    assert [r["type"] for r in order] == ["tool.reconciled", "tool.planned"]

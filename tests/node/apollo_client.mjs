@@ -106,7 +106,7 @@ assert.equal(replayed.submitTurn.__typename, "TurnReplayed");
 assert.equal(replayed.submitTurn.turn.id, turnId);
 
 const { data: session } = await overHttp.query({ query: SESSION, variables: { id: sessionId } });
-assert.equal(session.session.eventCount, 3); // started, running, completed: the replay wrote nothing
+assert.equal(session.session.eventCount, 4); // started, running, delta, completed: the replay wrote nothing
 
 // The first time the server asks for the text (PersistedQueryNotFound), then knows the hash.
 for (let i = 0; i < 2; i++) {
@@ -115,7 +115,7 @@ for (let i = 0; i < 2; i++) {
     variables: { id: sessionId },
     fetchPolicy: "network-only",
   });
-  assert.equal(data.session.eventCount, 3);
+  assert.equal(data.session.eventCount, 4);
 }
 
 const overWebSocket = await first(split, TURN_COMPLETED, { turnId });

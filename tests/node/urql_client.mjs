@@ -96,7 +96,7 @@ assert.equal(replayed.submitTurn.turn.id, turnId);
 const session = ok(
   await client.query(SESSION, { id: sessionId }, { requestPolicy: "network-only" }).toPromise(),
 );
-assert.equal(session.session.eventCount, 3);
+assert.equal(session.session.eventCount, 4); // started, running, delta, completed
 
 console.log(JSON.stringify({ sessionId, turnId, replayed: replayed.submitTurn.__typename, completed }));
 clearTimeout(timer);

@@ -55,6 +55,12 @@ class Table:
         await asyncio.sleep(0)  # a real read yields to the loop
         return found
 
+    async def session_seqs(
+        self, conn: Any, *, session_ids: list[uuid.UUID]
+    ) -> dict[uuid.UUID, int]:
+        # The session exists (a refresh that finds no news asks).
+        return {SESSION: len(self.events)} if SESSION in session_ids else {}
+
 
 @pytest.fixture
 def table(monkeypatch: pytest.MonkeyPatch) -> Table:
@@ -66,6 +72,7 @@ def table(monkeypatch: pytest.MonkeyPatch) -> Table:
 
     monkeypatch.setattr(bus_module, "connect", connect)
     monkeypatch.setattr(db_reads, "events_after", table.events_after)
+    monkeypatch.setattr(db_reads, "session_seqs", table.session_seqs)
     return table
 
 

@@ -36,3 +36,22 @@ async def test_the_reply_names_the_history_setting_it_was_given() -> None:
 async def test_fail_directive_raises_model_error() -> None:
     with pytest.raises(ModelError):
         await FixtureModel().reply(input="/fail", mode=History.NONE, history=[])
+
+
+@pytest.mark.parametrize(("input", "pieces"), [("/stream 5 1", 5), ("/stream 1", 1), ("hi", 1)])
+async def test_stream_directive_emits_its_reply_in_that_many_pieces(
+    input: str, pieces: int
+) -> None:
+    model = FixtureModel()
+    emitted: list[str] = []
+
+    async def emit(text: str) -> None:
+        emitted.append(text)
+
+    calls = await model.step(
+        input=input, mode=History.NONE, history=[], rounds=[], tools=[], emit=emit
+    )
+    assert calls == []
+    assert len(emitted) == pieces and all(emitted)
+    # The pieces are the reply itself, cut up: nothing added, nothing lost.
+    assert "".join(emitted) == await model.reply(input=input, mode=History.NONE, history=[])

@@ -17,7 +17,7 @@ def test_contract_names_are_present() -> None:
     sdl = schema.as_str()
     for fragment in [
         "union SubmitTurnResult = TurnAccepted | TurnReplayed | IdempotencyConflict | "
-        "SessionNotFound | InvalidInput",
+        "SessionNotFound | InvalidInput | KeyExpired",
         "interface TurnAdmission",
         "interface UserError",
         "turnCompleted(turnId: ID!): Turn!",
@@ -43,7 +43,8 @@ def test_contract_names_are_present() -> None:
         "retryOf: ID",
         "enum ToolCallState {\n  NOT_STARTED\n  COMPLETED\n  OUTCOME_UNKNOWN\n"
         "  RECONCILED_APPLIED\n  RECONCILED_NOT_APPLIED\n}",
-        "enum ToolKind {\n  READ_ONLY\n  IDEMPOTENT\n  UNSAFE\n}",
+        "enum ToolKind {\n  READ_ONLY\n  REPEATABLE\n  IDEMPOTENT\n  UNSAFE\n}",
+        "tools: [ToolInfo!]!",
         "resolveInterruptedTurn(input: ResolveInterruptedTurnInput!): "
         "ResolveInterruptedTurnResult!",
         "force: Boolean! = false",

@@ -5,6 +5,18 @@ agreed        the record says the effect happened (COMPLETED, RECONCILED_APPLIED
               RECONCILED_NOT_APPLIED) and the store has nothing
 uncertain     the record says OUTCOME_UNKNOWN: it claims nothing
 contradicted  anything else
+
+What "has it" means depends on the kind of the tool:
+
+==========  ==================================================================
+IDEMPOTENT  how many times the call's effect key was applied (a key settled
+            as never applied counts 0): reconciled states must match exactly
+UNSAFE      how many effects the call left (appends under its own name)
+REPEATABLE  whether the store holds the value the call set (its own name):
+            present counts 1, absent 0, any other value is a contradiction
+READ_ONLY   no effect to compare: a COMPLETED read must have read what the
+            store holds, and the store must hold what it held before
+==========  ==================================================================
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ CRASHED_CALL = 1  # the second (and last) call of each turn
 
 
 def verdict(state: str | None, applied: int) -> str:
+    """A call with a counted effect: ``applied`` is how many times the store has it."""
     if state == ToolCallState.OUTCOME_UNKNOWN:
         return "uncertain" if applied <= 1 else "contradicted"
     if state in HAPPENED:
@@ -29,9 +42,31 @@ def verdict(state: str | None, applied: int) -> str:
     return "agreed" if applied == 0 else "contradicted"
 
 
+def set_verdict(state: str | None, held: str | None, value: str) -> str:
+    """A REPEATABLE set of ``value``: ``held`` is what the store holds under its name."""
+    if held is not None and held != value:
+        return "contradicted"
+    return verdict(state, 0 if held is None else 1)
+
+
+def read_verdict(state: str | None, *, read: str | None, before: str | None,
+                 after: str | None) -> str:  # fmt: skip
+    """A READ_ONLY read: what the record says it read (``read``, for a
+    COMPLETED call), what the store held before the turn and holds after."""
+    if after != before:
+        return "contradicted"  # a read changed the store
+    if state == ToolCallState.OUTCOME_UNKNOWN:
+        return "uncertain"
+    if state == ToolCallState.COMPLETED:
+        return "agreed" if read == after else "contradicted"
+    # Nobody can be asked about a read: a reconciled one would be a contradiction.
+    return "agreed" if state in (None, ToolCallState.NOT_STARTED) else "contradicted"
+
+
 @dataclass
 class Row:
     point: str
+    tool: str
     kind: str
     runs: int = 0
     record: Counter[str] = field(default_factory=Counter)
@@ -43,12 +78,11 @@ def summarize(observations: list[dict[str, Any]], *, runs: int, seconds: float) 
     rows: dict[tuple[str, str], Row] = {}
     earlier = Counter[str]()
     for o in observations:
-        row = rows.setdefault((o["point"], o["kind"]), Row(o["point"], o["kind"]))
+        row = rows.setdefault((o["point"], o["tool"]), Row(o["point"], o["tool"], o["kind"]))
         row.runs += 1
         crashed = o["calls"][CRASHED_CALL]
         row.record[crashed["record"]] += 1
-        n = crashed["storeApplied"]
-        row.store["not applied" if n == 0 else "applied once" if n == 1 else f"applied {n}x"] += 1
+        row.store[crashed["store"]] += 1
         row.verdicts[crashed["verdict"]] += 1
         for call in o["calls"][:CRASHED_CALL]:
             earlier[call["verdict"]] += 1
@@ -62,6 +96,7 @@ def summarize(observations: list[dict[str, Any]], *, runs: int, seconds: float) 
         "rows": [
             {
                 "point": r.point,
+                "tool": r.tool,
                 "kind": r.kind,
                 "runs": r.runs,
                 "record": dict(r.record),

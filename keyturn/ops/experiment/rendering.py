@@ -32,11 +32,12 @@ def _counts(c: dict[str, int]) -> str:
 
 
 def table(summary: dict[str, Any]) -> str:
-    header = ("crash point", "tool", "runs", "record says", "store says", "agreed", "uncertain",
-              "contradicted")  # fmt: skip
+    header = ("crash point", "tool", "kind", "runs", "record says", "store says", "agreed",
+              "uncertain", "contradicted")  # fmt: skip
     lines = [
         (
             r["point"],
+            r["tool"],
             r["kind"],
             str(r["runs"]),
             _counts(r["record"]),

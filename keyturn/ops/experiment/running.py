@@ -2,15 +2,18 @@
 server dies in the middle of a tool call.
 
 On a throwaway database, real ``keyturn serve`` processes run turns that make
-two synthetic writes each, one set with the IDEMPOTENT ``synthetic_write``
-(``/write``) and one with the UNSAFE ``synthetic_append`` (``/append``). For
-each crash point the server stops itself with SIGKILL at that point of the
-second call (a test hook, ``KEYTURN_CRASH_AT``: every turn waits at the point
-until the last one reaches it, so all runs of a point are cut at the same
-place, by one kill). A replacement process interrupts the turns once their
-leases run out and reconciles what it can. Then the record (``Turn.toolCalls``
-over GraphQL) is set beside the external store (its table, read directly),
-call by call, and judged (:mod:`keyturn.ops.experiment.judging`).
+two calls each of one tool. The tools are of every kind: the builtin
+synthetic ones, the IDEMPOTENT ``synthetic_write`` (``/write``) and the UNSAFE
+``synthetic_append`` (``/append``), which write a table of the database; and
+one of each kind from a real MCP server over stdio
+(:mod:`keyturn.ops.experiment.mcp_store`, ``/call store__TOOL {...}``), which
+writes a SQLite file. For each crash point the server stops itself with
+SIGKILL at that point of the second call (a test hook, ``KEYTURN_CRASH_AT``:
+every turn waits at the point until the last one reaches it, so all runs of a
+point are cut at the same place, by one kill). A replacement process
+interrupts the turns once their leases run out and reconciles what it can.
+Then the record (``Turn.toolCalls`` over GraphQL) is set beside the stores
+(read directly), call by call, and judged (:mod:`keyturn.ops.experiment.judging`).
 """
 
 from __future__ import annotations
@@ -22,40 +25,96 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from keyturn.domain import ToolCallState, ToolKind, TurnStatus
 from keyturn.ops.databases import throwaway_database
-from keyturn.ops.experiment.judging import CRASHED_CALL, summarize, verdict
+from keyturn.ops.experiment import sqlite_store
+from keyturn.ops.experiment.judging import (
+    CRASHED_CALL,
+    read_verdict,
+    set_verdict,
+    summarize,
+    verdict,
+)
 from keyturn.ops.experiment.rendering import Progress
 from keyturn.ops.serverproc import ServerProcess, start_server
 from keyturn.runtime.crash import POINTS
 
-KINDS = ((ToolKind.IDEMPOTENT, "/write"), (ToolKind.UNSAFE, "/append"))
+CALLS_PER_TURN = 2
+SEEDED = "seeded"  # what the store holds under every name a read asks for
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """A tool the experiment calls, and how the fixture model is asked to."""
+
+    tool: str
+    kind: ToolKind
+
+    def directive(self, name: str, value: str) -> str:
+        if self.tool == "synthetic_write":
+            return f"/write {name}={value}"
+        if self.tool == "synthetic_append":
+            return f"/append {name}={value}"
+        arguments = (
+            {"name": name} if self.kind is ToolKind.READ_ONLY else {"name": name, "value": value}
+        )
+        return f"/call {self.tool} {json.dumps(arguments)}"
+
+
+def _mcp(tool: str, kind: ToolKind) -> Subject:
+    return Subject(f"{sqlite_store.SERVER}__{tool}", kind)
+
+
+SUBJECTS = (
+    Subject("synthetic_write", ToolKind.IDEMPOTENT),
+    Subject("synthetic_append", ToolKind.UNSAFE),
+    _mcp("read", ToolKind.READ_ONLY),
+    _mcp("set", ToolKind.REPEATABLE),
+    _mcp("write", ToolKind.IDEMPOTENT),
+    _mcp("append", ToolKind.UNSAFE),
+)
 
 _TURN = """query($id: ID!) { turn(id: $id) { id status
-  toolCalls { index tool kind state effectKey } } }"""
+  toolCalls { index tool kind state effectKey result } } }"""
 _SUBMIT = """mutation($i: SubmitTurnInput!) { submitTurn(input: $i) {
   __typename ... on TurnAdmission { turn { id } } } }"""
 
 
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    turn_id: str
+    subject: Subject
+    run: int
+    names: tuple[str, ...]  # each call's NAME, by index
+    value: str
+
+
 # -- processes and HTTP -------------------------------------------------------
 def _start_server(
-    database_url: str, workdir: Path, runs: int, crash_at: str | None
+    database_url: str, workdir: Path, tools_file: Path, runs: int, crash_at: str | None
 ) -> ServerProcess:
+    turns = runs * len(SUBJECTS)
     env = {
         "KEYTURN_LEASE_TTL_S": "2",
         "KEYTURN_LEASE_RENEW_S": "0.4",
         "KEYTURN_CLAIM_POLL_S": "0.2",
-        "KEYTURN_MAX_RUNNING_TURNS": str(2 * runs * len(KINDS) + 8),
+        "KEYTURN_MAX_RUNNING_TURNS": str(2 * turns + 8),
         "KEYTURN_POOL_SIZE": "20",
+        # Sized for the turns' writes, not one connection per running turn
+        # (the default): every turn is running at once, held at the point.
+        "KEYTURN_WORK_POOL_SIZE": "24",
         "KEYTURN_LOG_LEVEL": "warning",
+        "KEYTURN_TOOLS_FILE": str(tools_file),
     }
     if crash_at is not None:
         env["KEYTURN_CRASH_AT"] = f"{crash_at}:{CRASHED_CALL}"
-        env["KEYTURN_CRASH_AFTER"] = str(runs * len(KINDS))
+        env["KEYTURN_CRASH_AFTER"] = str(turns)
     return start_server(database_url, workdir, env=env)
 
 
@@ -64,15 +123,26 @@ def _gql(server: ServerProcess, query: str, variables: dict[str, Any]) -> Any:
     req = urllib.request.Request(
         server.url + "/graphql", data=body, headers={"content-type": "application/json"}
     )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        answer = json.loads(r.read())
+    # 503 is retryable (the database did not answer in time, on a shared
+    # server under load); retrying is safe: reads, and submitTurn under its key.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                answer = json.loads(r.read())
+            break
+        except urllib.error.HTTPError as error:
+            text = error.read()[:500]
+            if error.code != 503 or time.monotonic() > deadline:
+                raise RuntimeError(f"HTTP {error.code} from the server: {text!r}") from None
+            time.sleep(float(error.headers.get("retry-after") or 1))
     if answer.get("errors"):
         raise RuntimeError(f"GraphQL errors: {answer['errors']}")
     return answer["data"]
 
 
-# -- the database -------------------------------------------------------------
-def _store_counts(database_url: str, keys: list[str]) -> dict[str, int]:
+# -- the stores -----------------------------------------------------------------
+def _synthetic_counts(database_url: str, keys: list[str]) -> dict[str, int]:
     from keyturn.db import synthetic_store
     from keyturn.db.engine import connect, create_engine
 
@@ -87,19 +157,72 @@ def _store_counts(database_url: str, keys: list[str]) -> dict[str, int]:
     return asyncio.run(read())
 
 
+def _applied_label(n: int) -> str:
+    return "not applied" if n == 0 else "applied once" if n == 1 else f"applied {n}x"
+
+
+class _Judge:
+    """Each call's record beside its store, read once all turns have settled."""
+
+    def __init__(
+        self, database_url: str, store: sqlite_store.Store, turns: list[Submitted]
+    ) -> None:
+        keys = [f"{t.turn_id}/{i}" for t in turns for i in range(CALLS_PER_TURN)]
+        names = [name for t in turns for name in t.names]
+        self.synthetic = _synthetic_counts(database_url, keys)
+        self.keyed = store.applied_counts(keys)
+        self.appended = store.append_counts(names)
+        self.values = store.values(names)
+
+    def call(self, subject: Subject, state: str | None, call: dict[str, Any] | None, *,
+             key: str, name: str, value: str) -> tuple[str, str]:  # fmt: skip
+        """What the store says of the call, and the verdict."""
+        if subject.kind is ToolKind.READ_ONLY:
+            held = self.values[name]
+            read = _read_value(call)
+            label = "unchanged" if held == SEEDED else f"changed to {held!r}"
+            return label, read_verdict(state, read=read, before=SEEDED, after=held)
+        if subject.kind is ToolKind.REPEATABLE:
+            held = self.values[name]
+            label = "not set" if held is None else "set" if held == value else f"set to {held!r}"
+            return label, set_verdict(state, held, value)
+        if subject.tool.startswith("synthetic_"):
+            n = self.synthetic.get(key, 0)
+        elif subject.kind is ToolKind.IDEMPOTENT:
+            n = self.keyed.get(key, 0)
+        else:
+            n = self.appended[name]
+        return _applied_label(n), verdict(state, n)
+
+
+def _read_value(call: dict[str, Any] | None) -> str | None:
+    result = (call or {}).get("result") or {}
+    structured = result.get("structuredContent") if isinstance(result, dict) else None
+    value = structured.get("value") if isinstance(structured, dict) else None
+    return value if isinstance(value, str) else None
+
+
 # -- the experiment -----------------------------------------------------------
-def _submit_all(server: ServerProcess, point: str, runs: int) -> list[tuple[str, str, int]]:
-    turns: list[tuple[str, str, int]] = []
-    for kind, directive in KINDS:
+def _submit_all(
+    server: ServerProcess, store: sqlite_store.Store, point: str, runs: int
+) -> list[Submitted]:
+    turns: list[Submitted] = []
+    for subject in SUBJECTS:
         for run in range(runs):
+            names = tuple(f"{subject.tool}-{point}-{run}-{i}" for i in range(CALLS_PER_TURN))
+            value = f"{point}-{run}"
+            if subject.kind is ToolKind.READ_ONLY:
+                for name in names:
+                    store.set(name, SEEDED)
             sid = _gql(server, "mutation { createSession { id } }", {})["createSession"]["id"]
-            text = f"{directive} a={point}-{run} {directive} b={point}-{run}"
+            text = " ".join(subject.directive(name, value) for name in names)
             answer = _gql(
                 server,
                 _SUBMIT,
                 {"i": {"sessionId": sid, "idempotencyKey": f"{point}-{run}", "input": text}},
             )
-            turns.append((answer["submitTurn"]["turn"]["id"], kind, run))
+            turn_id = answer["submitTurn"]["turn"]["id"]
+            turns.append(Submitted(turn_id, subject, run, names, value))
     return turns
 
 
@@ -117,14 +240,15 @@ def _settled(turn: dict[str, Any], crashed: bool) -> bool:
 def _observe(
     server: ServerProcess,
     database_url: str,
+    store: sqlite_store.Store,
     point: str,
-    turns: list[tuple[str, str, int]],
+    turns: list[Submitted],
     crashed: bool,
     progress: Progress,
     label: str,
 ) -> list[dict[str, Any]]:
     deadline = time.monotonic() + 120
-    pending = {t[0] for t in turns}
+    pending = {t.turn_id for t in turns}
     seen: dict[str, dict[str, Any]] = {}
     while pending:
         for turn_id in sorted(pending):
@@ -137,35 +261,87 @@ def _observe(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"turns not settled in time: {sorted(pending)}")
             time.sleep(0.25)
-    keys = [f"{turn_id}/{i}" for turn_id, _k, _r in turns for i in range(2)]
-    counts = _store_counts(database_url, keys)
+    judge = _Judge(database_url, store, turns)
     observations = []
-    for turn_id, kind, run in turns:
-        by_index = {c["index"]: c for c in seen[turn_id]["toolCalls"]}
+    for t in turns:
+        by_index = {c["index"]: c for c in seen[t.turn_id]["toolCalls"]}
         calls = []
-        for index in range(2):
-            state = by_index[index]["state"] if index in by_index else None
-            key = by_index[index]["effectKey"] if index in by_index else f"{turn_id}/{index}"
-            applied = counts.get(key, 0)
+        for index in range(CALLS_PER_TURN):
+            call = by_index.get(index)
+            if call is not None and call["kind"] != t.subject.kind:
+                # The tools file or the server is not what the experiment
+                # expects: not a finding, a broken run.
+                raise RuntimeError(
+                    f"{t.subject.tool} is offered as {call['kind']}, not {t.subject.kind.value}"
+                )
+            state = call["state"] if call is not None else None
+            key = call["effectKey"] if call is not None else f"{t.turn_id}/{index}"
+            says, judged = judge.call(
+                t.subject, state, call, key=key, name=t.names[index], value=t.value
+            )
             calls.append(
                 {
                     "index": index,
                     "effectKey": key,
+                    "name": t.names[index],
                     "record": state or "NOT_STARTED",
-                    "storeApplied": applied,
-                    "verdict": verdict(state, applied),
+                    "store": says,
+                    "verdict": judged,
                 }
             )
         observations.append(
             {
                 "point": point,
-                "kind": kind,
-                "run": run,
-                "turnId": turn_id,
-                "status": seen[turn_id]["status"],
+                "tool": t.subject.tool,
+                "kind": t.subject.kind.value,
+                "run": t.run,
+                "turnId": t.turn_id,
+                "status": seen[t.turn_id]["status"],
                 "calls": calls,
             }
         )
+    return observations
+
+
+def _run(
+    url: str, workdir: Path, store: sqlite_store.Store, runs: int, progress: Progress
+) -> list[dict[str, Any]]:
+    tools = sqlite_store.tools_file(workdir / "tools.toml", store.path)
+    count = runs * len(SUBJECTS)
+    observations: list[dict[str, Any]] = []
+    started: list[ServerProcess] = []
+
+    def start(crash_at: str | None) -> ServerProcess:
+        started.append(_start_server(url, workdir, tools, runs, crash_at))
+        return started[-1]
+
+    try:
+        progress("starting a server")
+        server = start(POINTS[0])
+        for n, point in enumerate(POINTS):
+            label = f"crash point {n + 1}/{len(POINTS)} {point}"
+            progress(f"{label}: running {count} turns")
+            turns = _submit_all(server, store, point, runs)
+            try:
+                server.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"the server did not stop at {point}") from None
+            if server.proc.returncode != -signal.SIGKILL:
+                raise RuntimeError(
+                    f"the server exited with {server.proc.returncode}, not SIGKILL:\n"
+                    + server.log()
+                )
+            progress(f"{label}: killed; starting a replacement")
+            server = start(POINTS[n + 1] if n + 1 < len(POINTS) else None)
+            observations += _observe(server, url, store, point, turns, True, progress, label)
+        label = "no crash (control)"
+        progress(f"{label}: running {count} turns")
+        turns = _submit_all(server, store, "none", runs)
+        observations += _observe(server, url, store, "none", turns, False, progress, label)
+    finally:
+        # Stopped before the throwaway database is dropped, even after a failure.
+        for each in started:
+            each.stop()
     return observations
 
 
@@ -173,35 +349,12 @@ def run_interruption(
     *, runs: int, database_url: str | None, progress_stream: TextIO
 ) -> dict[str, Any]:
     progress = Progress(progress_stream)
-    observations: list[dict[str, Any]] = []
-    workdir = Path(tempfile.mkdtemp(prefix="keyturn-experiment-logs-"))
+    workdir = Path(tempfile.mkdtemp(prefix="keyturn-experiment-"))
     started = time.monotonic()
     try:
+        store = sqlite_store.Store(workdir / "store.sqlite3")
         with throwaway_database(database_url, prefix="keyturn_experiment") as url:
-            progress("starting a server")
-            server = _start_server(url, workdir, runs, POINTS[0])
-            for n, point in enumerate(POINTS):
-                label = f"crash point {n + 1}/{len(POINTS)} {point}"
-                progress(f"{label}: running {runs * len(KINDS)} turns")
-                turns = _submit_all(server, point, runs)
-                try:
-                    server.proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    raise RuntimeError(f"the server did not stop at {point}") from None
-                if server.proc.returncode != -signal.SIGKILL:
-                    raise RuntimeError(
-                        f"the server exited with {server.proc.returncode}, not SIGKILL:\n"
-                        + server.log()
-                    )
-                progress(f"{label}: killed; starting a replacement")
-                following = POINTS[n + 1] if n + 1 < len(POINTS) else None
-                server = _start_server(url, workdir, runs, following)
-                observations += _observe(server, url, point, turns, True, progress, label)
-            label = "no crash (control)"
-            progress(f"{label}: running {runs * len(KINDS)} turns")
-            turns = _submit_all(server, "none", runs)
-            observations += _observe(server, url, "none", turns, False, progress, label)
-            server.stop()
+            observations = _run(url, workdir, store, runs, progress)
     finally:
         progress.done()
         shutil.rmtree(workdir, ignore_errors=True)

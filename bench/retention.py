@@ -1,0 +1,195 @@
+"""Row r: Keyturn's submitTurn while the retention sweeper prunes a large
+backlog, as a ratio to submitTurn without it (the target is at least 0.8).
+
+One ``keyturn serve`` (with a key retention, so admission judges expiry as it
+would in production) takes new keys from a closed loop, first alone, then
+while ``keyturn prune`` works through a backlog of long-ended turns written
+straight into the record. The backlog is sized so the sweeper is still busy
+when the second window closes (the row says whether it was).
+
+python -m bench.retention [--duration 10] [--concurrency 32] [--backlog 150000]
+                          [--database auto|embedded|URL] [--out PATH]
+prints the row and, with --out, writes it as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import loadgen
+from bench.load import classify, submit_request, summarize
+from bench.rows import Measured, progress
+from bench.servers import START_TIMEOUT_S, database_server, port_of
+from bench.sizes import ROOT
+from keyturn.ops.databases import admin_connect, migrate, throwaway_database
+from keyturn.ops.serverproc import start_server
+
+RETENTION = {"KEYTURN_KEY_RETENTION": "1h", "KEYTURN_TURN_RETENTION": "1d"}
+TURNS_PER_SESSION = 500
+TARGET = 0.8
+
+# Sessions of COMPLETED turns (three events each) that ended days ago.
+_BACKLOG = """
+WITH s AS (
+    INSERT INTO sessions (id, default_history, tenant, event_seq)
+    SELECT gen_random_uuid(), 'NONE', '', $2 * 3 FROM generate_series(1, $1)
+    RETURNING id
+), t AS (
+    INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history, status,
+                       output, admit_seq, created_at, started_at, completed_at, epoch)
+    SELECT gen_random_uuid(), s.id, 'old-' || n, 'fp-' || n, 'input ' || n, 'NONE', 'COMPLETED',
+           'output ' || n, 3 * n - 2, now() - interval '3 days', now() - interval '3 days',
+           now() - interval '3 days' + make_interval(secs => n), 1
+    FROM s, generate_series(1, $2) n
+    RETURNING id, session_id, admit_seq
+)
+INSERT INTO events (session_id, turn_id, seq, type, data)
+SELECT t.session_id, t.id, t.admit_seq + k,
+       (ARRAY['turn.started', 'turn.running', 'turn.completed'])[k + 1],
+       jsonb_build_object('epoch', 1, 'output', 'output')
+FROM t, generate_series(0, 2) k
+"""
+
+
+async def _prepare(url: str, backlog: int, sessions: int) -> list[str]:
+    """Migrate, seed the backlog, and make the sessions the load submits to."""
+    await migrate(url)
+    conn = await admin_connect(url)
+    try:
+        for _ in range(max(1, backlog // (TURNS_PER_SESSION * 20))):
+            await conn.execute(_BACKLOG, 20, TURNS_PER_SESSION)
+        await conn.execute("ANALYZE")
+        rows = await conn.fetch(
+            "INSERT INTO sessions (id, default_history, tenant) "
+            "SELECT gen_random_uuid(), 'NONE', '' FROM generate_series(1, $1) RETURNING id",
+            sessions,
+        )
+    finally:
+        await conn.close()
+    return [str(r["id"]) for r in rows]
+
+
+async def _count(url: str, sql: str) -> int:
+    conn = await admin_connect(url)
+    try:
+        return int(await conn.fetchval(sql))
+    finally:
+        await conn.close()
+
+
+def _load(
+    port: int, sessions: list[str], prefix: str, concurrency: int, seconds: float
+) -> Measured:
+    result = asyncio.run(
+        loadgen.closed_loop(
+            "127.0.0.1",
+            port,
+            submit_request("graphql", sessions, prefix, 0),
+            classify("graphql"),
+            concurrency=concurrency,
+            duration_s=seconds,
+        )
+    )
+    return summarize(result)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    with (
+        database_server(args.database) as (admin_url, where),
+        throwaway_database(admin_url, prefix="keyturn_bench_retention") as url,
+        tempfile.TemporaryDirectory(prefix="keyturn-bench-retention-") as tmp,
+    ):
+        progress(f"database: {where}; seeding a backlog of {args.backlog} ended turns")
+        sessions = asyncio.run(_prepare(url, args.backlog, args.sessions))
+        backlog = asyncio.run(_count(url, "SELECT count(*) FROM turns"))
+        env = {
+            "KEYTURN_POOL_SIZE": str(args.pool_size),
+            "KEYTURN_LOG_LEVEL": "warning",
+            "KEYTURN_KEY_RETENTION": RETENTION["KEYTURN_KEY_RETENTION"],
+        }
+        server = start_server(url, Path(tmp), env=env, name="keyturn", timeout=START_TIMEOUT_S)
+        try:
+            port = port_of(server)
+            progress("warm-up")
+            _load(port, sessions, "warm", args.concurrency, 2.0)
+            progress(f"r- submitTurn alone, {args.duration:.0f}s")
+            alone = _load(port, sessions, "alone", args.concurrency, args.duration)
+            progress(f"r  submitTurn while keyturn prune works, {args.duration:.0f}s")
+            sweeper = subprocess.Popen(
+                [sys.executable, "-m", "keyturn", "prune"],
+                cwd=ROOT,
+                env={
+                    **{k: v for k, v in os.environ.items() if not k.startswith("KEYTURN_")},
+                    "KEYTURN_DATABASE_URL": url,
+                    "KEYTURN_RETENTION_BATCH": str(args.batch),
+                    **RETENTION,
+                },
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            try:
+                time.sleep(1.0)  # the command's start, before its first batch
+                before = asyncio.run(_count(url, "SELECT count(*) FROM key_tombstones"))
+                swept = _load(port, sessions, "swept", args.concurrency, args.duration)
+                after = asyncio.run(_count(url, "SELECT count(*) FROM key_tombstones"))
+                still_busy = sweeper.poll() is None
+            finally:
+                sweeper.terminate()
+                sweeper.wait(30)
+        finally:
+            server.stop()
+    ratio = swept["throughput"] / alone["throughput"] if alone["throughput"] else 0.0
+    return {
+        "row": "r",
+        "label": "submitTurn while the retention sweeper prunes a backlog (ratio to alone)",
+        "database": where,
+        "backlog_turns": backlog,
+        "concurrency": args.concurrency,
+        "duration_s": args.duration,
+        "batch": args.batch,
+        "alone": alone,
+        "with_sweeper": swept,
+        "pruned_during_window": after - before,
+        "sweeper_busy_whole_window": still_busy,
+        "ratio": ratio,
+        "target": TARGET,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.retention", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per window")
+    p.add_argument("--concurrency", type=int, default=32, help="connections of the load")
+    p.add_argument("--sessions", type=int, default=64, help="sessions the load submits to")
+    p.add_argument("--backlog", type=int, default=150_000, help="ended turns to prune")
+    p.add_argument("--batch", type=int, default=200, help="KEYTURN_RETENTION_BATCH")
+    p.add_argument("--pool-size", type=int, default=10, help="KEYTURN_POOL_SIZE")
+    p.add_argument("--database", default="auto", help="auto, embedded, or a URL")
+    p.add_argument("--out", type=Path, default=None, help="write the row as JSON here")
+    args = p.parse_args(argv)
+    row = measure(args)
+    alone, swept = row["alone"], row["with_sweeper"]
+    print(
+        f"r  submitTurn alone {alone['throughput']:.0f}/s (p99 {alone['p99_ms']:.1f} ms); "
+        f"while pruning {swept['throughput']:.0f}/s (p99 {swept['p99_ms']:.1f} ms); "
+        f"ratio {row['ratio']:.2f} (target {TARGET}); {row['pruned_during_window']} turns "
+        f"pruned in the window, sweeper busy throughout: {row['sweeper_busy_whole_window']}"
+    )
+    if args.out is not None:
+        args.out.write_text(json.dumps(row, indent=2) + "\n")
+        print(f"saved to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,345 @@
+"""deleteSession against a real server and PostgreSQL: idempotent under its
+key, refused while a turn runs, and afterwards the session answers
+everywhere as one that never existed (its deletion key excepted); live
+subscribers are told, and admissions racing the deletion leave nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from gql.transport.exceptions import TransportQueryError
+
+from keyturn.runtime.auth import create_token
+from tests.support import (
+    SESSION_EVENTS,
+    TURN_COMPLETED,
+    GraphQLClient,
+    InProcessServer,
+    request,
+    ws_session,
+)
+from tests.support.recorded import RESOLVE, record_session, rows_of_session
+
+DELETE = """
+mutation($i: DeleteSessionInput!) { deleteSession(input: $i) {
+  __typename
+  ... on SessionDeleted { sessionId replayed }
+  ... on UserError { code message }
+  ... on SessionBusy { sessionId turnId }
+  ... on DeletionKeyConflict { idempotencyKey existingSessionId }
+  ... on SessionNotFound { sessionId }
+  ... on InvalidInput { field }
+} }
+"""
+
+READS = """
+query($s: ID!, $t: ID!, $e: ID!) {
+  session(id: $s) { id }
+  turn(id: $t) { id }
+  sessionNode: node(id: $s) { id }
+  turnNode: node(id: $t) { id }
+  eventNode: node(id: $e) { id }
+  nodes(ids: [$s, $t, $e]) { id }
+  sessions(first: 100) { totalCount edges { node { id } } }
+}
+"""
+
+
+async def delete(client: GraphQLClient, session_id: str, key: str) -> dict[str, Any]:
+    data = await client.execute(DELETE, {"i": {"sessionId": session_id, "idempotencyKey": key}})
+    result: dict[str, Any] = data["deleteSession"]
+    return result
+
+
+def without(text: str, *ids: str) -> str:
+    for value in ids:
+        text = text.replace(value, "ID")
+    return text
+
+
+async def stream_error(ws_url: str, query: str, **variables: Any) -> Any:
+    """The error a subscription ends with (and the items it yielded first)."""
+    async with ws_session(ws_url) as ws:
+        with pytest.raises(TransportQueryError) as caught:
+            async with asyncio.timeout(15):
+                async for _ in ws.subscribe(request(query, **variables)):
+                    pass
+    return caught.value.errors[0] if caught.value.errors else None
+
+
+async def test_a_deleted_session_leaves_no_row_and_its_key_replays(
+    client: GraphQLClient, db: Any
+) -> None:
+    recorded = await record_session(client, db)
+    sid = recorded.session_id
+    before = await rows_of_session(db, sid)
+    assert before["turns"] == 4 and before["resolutions"] == 1 and before["events"] > 10
+    tool_events = await db.fetchval(
+        "SELECT count(*) FROM events WHERE session_id = $1::uuid AND type LIKE 'tool.%'", sid
+    )
+    assert tool_events > 0
+
+    first = await delete(client, sid, "bye")
+    assert first == {"__typename": "SessionDeleted", "sessionId": sid, "replayed": False}
+    after = await rows_of_session(db, sid)
+    assert after == {t: (1 if t == "session_deletions" else 0) for t in before}
+
+    again = await delete(client, sid, "bye")
+    assert again == {"__typename": "SessionDeleted", "sessionId": sid, "replayed": True}
+    assert await rows_of_session(db, sid) == after
+    # Another key for the gone session: as for a session that never existed.
+    other = await delete(client, sid, "bye-again")
+    assert other["__typename"] == "SessionNotFound" and other["code"] == "SESSION_NOT_FOUND"
+    assert await db.fetchval("SELECT count(*) FROM session_deletions") == 1
+
+
+async def test_the_same_key_for_another_session_is_a_conflict_and_deletes_nothing(
+    client: GraphQLClient, db: Any
+) -> None:
+    a = await client.create_session()
+    b = await client.create_session()
+    assert (await delete(client, a, "k"))["__typename"] == "SessionDeleted"
+    conflict = await delete(client, b, "k")
+    assert conflict["__typename"] == "DeletionKeyConflict"
+    assert conflict["code"] == "IDEMPOTENCY_CONFLICT"
+    assert conflict["existingSessionId"] == a
+    assert conflict["idempotencyKey"] == "k"
+    assert await client.session(b) is not None
+    assert (await delete(client, b, "k2"))["__typename"] == "SessionDeleted"
+
+
+async def test_a_running_turn_refuses_the_deletion_and_nothing_is_written(
+    client: GraphQLClient, db: Any
+) -> None:
+    sid = await client.create_session()
+    running = (await client.submit(sid, "slow", "/sleep 3000 hold on"))["turn"]["id"]
+    queued = (await client.submit(sid, "next", "after it"))["turn"]["id"]
+    await client.wait_for_status(running, {"RUNNING"})
+    before = await rows_of_session(db, sid)
+
+    busy = await delete(client, sid, "bye")
+    assert busy["__typename"] == "SessionBusy" and busy["code"] == "SESSION_BUSY"
+    assert busy["sessionId"] == sid and busy["turnId"] == running
+    assert running in busy["message"]
+    assert await rows_of_session(db, sid) == before
+    assert await db.fetchval("SELECT count(*) FROM session_deletions") == 0
+
+    # Nothing was written under the key: once the turns end it deletes.
+    await client.wait_for_status(running, {"COMPLETED"})
+    await client.wait_for_status(queued, {"COMPLETED"})
+    done = await delete(client, sid, "bye")
+    assert done == {"__typename": "SessionDeleted", "sessionId": sid, "replayed": False}
+
+
+async def test_queued_turns_go_with_the_session(
+    server: InProcessServer, client: GraphQLClient, db: Any
+) -> None:
+    server.app.state.runtime.worker.drain()  # claim nothing: admitted turns stay QUEUED
+    sid = await client.create_session()
+    turns = [(await client.submit(sid, f"k{n}", f"n{n}"))["turn"] for n in range(3)]
+    assert {t["status"] for t in turns} == {"QUEUED"}
+    assert (await delete(client, sid, "bye"))["__typename"] == "SessionDeleted"
+    assert await db.fetchval("SELECT count(*) FROM turns") == 0
+    for t in turns:
+        assert await client.turn(t["id"]) is None
+
+
+async def test_after_deletion_everything_answers_as_for_a_session_that_never_existed(
+    server: InProcessServer, client: GraphQLClient, db: Any
+) -> None:
+    recorded = await record_session(client, db)
+    sid = recorded.session_id
+    text, tid = recorded.turns["tools"]
+    event = await db.fetchval("SELECT min(id) FROM events WHERE session_id = $1::uuid", sid)
+    assert (await delete(client, sid, "bye"))["__typename"] == "SessionDeleted"
+
+    never = str(uuid.uuid4())
+    never_turn = str(uuid.uuid4())
+    never_event = await db.fetchval("SELECT coalesce(max(id), 0) + 1000 FROM events")
+    gone = await client.raw(READS, {"s": sid, "t": tid, "e": str(event)})
+    absent = await client.raw(READS, {"s": never, "t": never_turn, "e": str(never_event)})
+    assert gone == absent
+    assert gone["data"]["session"] is None and gone["data"]["nodes"] == [None, None, None]
+    assert gone["data"]["sessions"]["totalCount"] == 0
+
+    # A replay under an old key, as a submission to a session that never was.
+    replay = await client.submit(sid, "tools", text)
+    fresh = await client.submit(never, "tools", text)
+    assert replay["__typename"] == fresh["__typename"] == "SessionNotFound"
+    assert without(replay["message"], sid) == without(fresh["message"], never)
+    # The interrupted turn's decision, as for a turn that never was.
+    decided = await client.execute(
+        RESOLVE,
+        {"i": {"turnId": recorded.interrupted_turn_id, "action": "RETRY", "idempotencyKey": "x"}},
+    )
+    unknown = await client.execute(
+        RESOLVE, {"i": {"turnId": never_turn, "action": "RETRY", "idempotencyKey": "x"}}
+    )
+    a, b = decided["resolveInterruptedTurn"], unknown["resolveInterruptedTurn"]
+    assert a["__typename"] == b["__typename"] == "TurnNotFound"
+    assert without(a["message"], recorded.interrupted_turn_id) == without(b["message"], never_turn)
+
+    # Subscriptions, as for a session and a turn that never existed.
+    for query, gone_vars, never_vars, ids in (
+        (SESSION_EVENTS, {"s": sid, "a": 0}, {"s": never, "a": 0}, (sid, never)),
+        (TURN_COMPLETED, {"t": tid}, {"t": never_turn}, (tid, never_turn)),
+    ):
+        e1 = await stream_error(server.ws_url, query, **gone_vars)
+        e2 = await stream_error(server.ws_url, query, **never_vars)
+        assert without(e1["message"], ids[0]) == without(e2["message"], ids[1])
+        assert e1["extensions"] == e2["extensions"] == {"code": "NOT_FOUND", "retryable": False}
+
+    # The deletion's own key still answers.
+    again = await delete(client, sid, "bye")
+    assert again == {"__typename": "SessionDeleted", "sessionId": sid, "replayed": True}
+
+
+async def test_live_subscribers_are_closed_with_the_reason(
+    server: InProcessServer, client: GraphQLClient
+) -> None:
+    server.app.state.runtime.worker.drain()  # the turn stays QUEUED, its end unseen
+    sid = await client.create_session()
+    tid = (await client.submit(sid, "k", "waits"))["turn"]["id"]
+    seen: list[dict[str, Any]] = []
+    errors: dict[str, Any] = {}
+    async with ws_session(server.ws_url) as ws:
+
+        async def events() -> None:
+            try:
+                async for r in ws.subscribe(request(SESSION_EVENTS, s=sid, a=0)):
+                    seen.append(r["sessionEvents"])
+            except TransportQueryError as error:
+                errors["events"] = error.errors[0] if error.errors else None
+
+        async def ended() -> None:
+            try:
+                async for _ in ws.subscribe(request(TURN_COMPLETED, t=tid)):
+                    pass
+            except TransportQueryError as error:
+                errors["ended"] = error.errors[0] if error.errors else None
+
+        tasks = [asyncio.create_task(events()), asyncio.create_task(ended())]
+        async with asyncio.timeout(10):
+            # Both registered (plain attributes of the bus), the first event seen.
+            while not seen or server.app.state.runtime.bus.subscriber_count < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+        assert (await delete(client, sid, "bye"))["__typename"] == "SessionDeleted"
+        async with asyncio.timeout(15):
+            await asyncio.gather(*tasks)
+    assert [e["type"] for e in seen] == ["turn.started"]
+    for name in ("events", "ended"):
+        assert errors[name]["message"] == f"session {sid} was deleted", errors
+        assert errors[name]["extensions"] == {"code": "NOT_FOUND", "retryable": False}
+
+
+async def test_deletion_racing_admissions_leaves_admissions_it_removed_or_not_found(
+    client: GraphQLClient, db: Any
+) -> None:
+    sid = await client.create_session()
+    await client.submit(sid, "first", "hello")
+
+    async def submit(n: int) -> dict[str, Any]:
+        await asyncio.sleep(n * 0.002)
+        return await client.submit(sid, f"k{n}", f"racing {n}")
+
+    async def deletion() -> dict[str, Any]:
+        await asyncio.sleep(0.02)
+        while True:
+            # Busy while an admitted turn runs: the same key again, until it deletes.
+            answer = await delete(client, sid, "bye")
+            if answer["__typename"] != "SessionBusy":
+                return answer
+            await asyncio.sleep(0.01)
+
+    *answers, deleted = await asyncio.gather(*(submit(n) for n in range(40)), deletion())
+    assert deleted == {"__typename": "SessionDeleted", "sessionId": sid, "replayed": False}
+    kinds = {a["__typename"] for a in answers}
+    assert kinds <= {"TurnAccepted", "SessionNotFound"}, kinds
+    for a in answers:
+        if a["__typename"] == "TurnAccepted":
+            assert await client.turn(a["turn"]["id"]) is None
+    rows = await rows_of_session(db, sid)
+    assert rows == {t: (1 if t == "session_deletions" else 0) for t in rows}
+    # Nothing anywhere refers to a session or turn that is not there.
+    orphans = await db.fetchval(
+        """SELECT (SELECT count(*) FROM turns t LEFT JOIN sessions s ON s.id = t.session_id
+                   WHERE s.id IS NULL)
+                + (SELECT count(*) FROM events e LEFT JOIN turns t ON t.id = e.turn_id
+                   WHERE e.turn_id IS NOT NULL AND t.id IS NULL)"""
+    )
+    assert orphans == 0
+
+
+async def test_deletion_racing_subscriptions_ends_every_one_of_them(
+    server: InProcessServer, client: GraphQLClient
+) -> None:
+    sid = await client.create_session()
+    await client.wait_for_status((await client.submit(sid, "k", "hi"))["turn"]["id"], {"COMPLETED"})
+
+    async def subscribe(n: int) -> str:
+        await asyncio.sleep(n * 0.005)
+        error = await stream_error(server.ws_url, SESSION_EVENTS, s=sid, a=0)
+        assert error["extensions"]["code"] == "NOT_FOUND"
+        return str(error["message"])
+
+    async def deletion() -> dict[str, Any]:
+        await asyncio.sleep(0.05)
+        return await delete(client, sid, "bye")
+
+    subscribers = asyncio.gather(*(subscribe(n) for n in range(20)))
+    deleted = await deletion()
+    messages = await subscribers
+    assert deleted["__typename"] == "SessionDeleted"
+    assert set(messages) <= {f"session {sid} was deleted", f"session {sid} not found"}
+
+
+@pytest.mark.parametrize(
+    ("session_id", "key", "field"),
+    [("not-a-uuid", "k", "sessionId"), (str(uuid.uuid4()), "", "idempotencyKey")],
+)
+async def test_a_malformed_deletion_is_invalid_input(
+    client: GraphQLClient, session_id: str, key: str, field: str
+) -> None:
+    answer = await delete(client, session_id, key)
+    assert answer["__typename"] == "InvalidInput" and answer["field"] == field
+
+
+async def test_another_tenants_session_is_not_found_and_keys_are_per_tenant(
+    server: InProcessServer,
+) -> None:
+    engine = server.app.state.runtime.engine
+    callers = []
+    for name in ("alice", "bob"):
+        caller = GraphQLClient(server.url)
+        caller.http.headers["authorization"] = f"Bearer {await create_token(engine, name=name)}"
+        callers.append(caller)
+    alice, bob = callers
+    try:
+        # Until the server has seen that tokens exist, it serves open (one tenant).
+        for _ in range(200):
+            anonymous = await alice.http.post(
+                "/graphql", json={"query": "{ __typename }"}, headers={"authorization": ""}
+            )
+            if anonymous.status_code == 401:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the server never asked for a token")
+        mine = await alice.create_session()
+        theirs = await bob.create_session()
+        refused = await delete(bob, mine, "k")
+        assert refused["__typename"] == "SessionNotFound"
+        assert await alice.session(mine) is not None
+        assert (await delete(bob, theirs, "k"))["replayed"] is False
+        # The same key in another tenant names another deletion.
+        assert await delete(alice, mine, "k") == {
+            "__typename": "SessionDeleted",
+            "sessionId": mine,
+            "replayed": False,
+        }
+    finally:
+        for caller in callers:
+            await caller.close()

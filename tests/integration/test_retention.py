@@ -1,0 +1,394 @@
+"""The record's lifetime: a key answers replays for the key retention after
+its turn ended, then KeyExpired (never a new turn); the sweeper prunes turns
+to tombstones that keep answering KeyExpired, forgets tombstones after theirs,
+and is safe to cancel, to run beside admissions, and to run twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from keyturn.db.engine import create_engine
+from keyturn.runtime.retention import PassReport, RetentionPolicy, Sweeper
+from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_in_process
+from tests.support.backlog import assert_backlog_pruned, seed_backlog
+
+HOUR = 3600
+DAY = 24 * HOUR
+
+SUBMIT = """
+mutation($input: SubmitTurnInput!) { submitTurn(input: $input) {
+  __typename
+  ... on TurnAdmission { turn { id status output } }
+  ... on UserError { code message }
+  ... on KeyExpired { idempotencyKey turnId expiredAt }
+} }
+"""
+
+POLICY = """{ serverPolicy { keyRetentionSeconds keyRetention turnRetentionSeconds turnRetention
+  tombstoneRetentionSeconds tombstoneRetention } }"""
+
+
+@contextlib.asynccontextmanager
+async def retaining(database_url: str, **retention: Any) -> AsyncIterator[GraphQLClient]:
+    """A server with these retentions (its own sweeper left idle: the tests
+    run passes themselves), and a client of it."""
+    settings = fast_settings(retention_sweep_s=3600, **retention)
+    async with serve_in_process(database_url, settings) as server:
+        client = GraphQLClient(server.url)
+        try:
+            yield client
+        finally:
+            await client.close()
+
+
+@contextlib.asynccontextmanager
+async def sweeper(
+    database_url: str, policy: RetentionPolicy, batch: int = 200
+) -> AsyncIterator[Sweeper]:
+    engine = create_engine(database_url, pool_size=2)
+    try:
+        yield Sweeper(engine=engine, policy=policy, batch=batch)
+    finally:
+        await engine.dispose()
+
+
+async def submit(client: GraphQLClient, sid: str, key: str, input: str) -> dict[str, Any]:
+    data = await client.execute(
+        SUBMIT, {"input": {"sessionId": sid, "idempotencyKey": key, "input": input}}
+    )
+    result: dict[str, Any] = data["submitTurn"]
+    return result
+
+
+async def ended_ago(db: Any, turn_id: str, seconds: float) -> None:
+    """Move the turn's end back in time, as if ``seconds`` had passed."""
+    await db.execute(
+        "UPDATE turns SET completed_at = now() - make_interval(secs => $2) WHERE id = $1::uuid",
+        turn_id,
+        float(seconds),
+    )
+
+
+async def everything(db: Any) -> tuple[int, int, int]:
+    """(turns, events, tombstones) in the whole database."""
+    row = await db.fetchrow(
+        "SELECT (SELECT count(*) FROM turns) AS t, (SELECT count(*) FROM events) AS e, "
+        "(SELECT count(*) FROM key_tombstones) AS k"
+    )
+    return row["t"], row["e"], row["k"]
+
+
+async def completed_turn(client: GraphQLClient, sid: str, key: str, input: str) -> str:
+    first = await submit(client, sid, key, input)
+    assert first["__typename"] == "TurnAccepted"
+    tid: str = first["turn"]["id"]
+    await client.wait_for_status(tid, {"COMPLETED"})
+    return tid
+
+
+async def test_a_key_replays_until_its_retention_passes_then_answers_key_expired(
+    database_url: str, db: Any
+) -> None:
+    async with retaining(database_url, key_retention="1h") as client:
+        sid = await client.create_session()
+        tid = await completed_turn(client, sid, "k1", "hello")
+
+        await ended_ago(db, tid, HOUR - 60)  # a minute before expiry
+        before = await everything(db)
+        again = await submit(client, sid, "k1", "hello")
+        assert again["__typename"] == "TurnReplayed"
+        assert again["turn"]["id"] == tid and again["turn"]["status"] == "COMPLETED"
+        assert again["turn"]["output"].startswith("fixture reply to: hello")
+
+        await ended_ago(db, tid, HOUR + 1)  # a second after
+        expired = await submit(client, sid, "k1", "hello")
+        assert expired["__typename"] == "KeyExpired"
+        assert expired["code"] == "KEY_EXPIRED"
+        assert expired["turnId"] == tid and expired["idempotencyKey"] == "k1"
+        ended = await db.fetchval("SELECT completed_at FROM turns WHERE id = $1::uuid", tid)
+        assert expired["expiredAt"] == (ended + timedelta(hours=1)).isoformat()
+        assert "use a new key" in expired["message"].lower()
+        # The key is spent whatever is asked: another request is KeyExpired too.
+        other = await submit(client, sid, "k1", "something else")
+        assert other["__typename"] == "KeyExpired" and other["turnId"] == tid
+        assert await everything(db) == before
+
+        # A new key is a new turn, as always.
+        fresh = await submit(client, sid, "k2", "hello")
+        assert fresh["__typename"] == "TurnAccepted"
+
+
+async def test_a_turn_that_has_not_ended_answers_replays_however_old(
+    database_url: str, db: Any
+) -> None:
+    async with retaining(database_url, key_retention="90s") as client:
+        sid = await client.create_session()
+        first = await submit(client, sid, "slow", "/sleep 4000 still going")
+        tid = first["turn"]["id"]
+        await db.execute(
+            "UPDATE turns SET created_at = now() - interval '30 days' WHERE id = $1::uuid", tid
+        )
+        again = await submit(client, sid, "slow", "/sleep 4000 still going")
+        assert again["__typename"] == "TurnReplayed" and again["turn"]["id"] == tid
+        assert again["turn"]["status"] in {"QUEUED", "RUNNING"}
+
+
+async def test_the_default_keeps_keys_forever(database_url: str, db: Any) -> None:
+    async with retaining(database_url) as client:
+        sid = await client.create_session()
+        tid = await completed_turn(client, sid, "k", "hello")
+        await ended_ago(db, tid, 3650 * DAY)
+        again = await submit(client, sid, "k", "hello")
+        assert again["__typename"] == "TurnReplayed" and again["turn"]["id"] == tid
+        assert (await client.execute(POLICY))["serverPolicy"] == {
+            "keyRetentionSeconds": None,
+            "keyRetention": "forever",
+            "turnRetentionSeconds": None,
+            "turnRetention": "forever",
+            "tombstoneRetentionSeconds": None,
+            "tombstoneRetention": "forever",
+        }
+
+
+async def test_server_policy_publishes_the_retentions(database_url: str) -> None:
+    async with retaining(
+        database_url, key_retention="24h", turn_retention="30d", tombstone_retention="90s"
+    ) as client:
+        assert (await client.execute(POLICY))["serverPolicy"] == {
+            "keyRetentionSeconds": DAY,
+            "keyRetention": "1d",  # the largest unit that divides it
+            "turnRetentionSeconds": 30 * DAY,
+            "turnRetention": "30d",
+            "tombstoneRetentionSeconds": 90,
+            "tombstoneRetention": "90s",
+        }
+
+
+async def test_a_pruned_turn_leaves_a_tombstone_that_answers_key_expired_until_it_is_forgotten(
+    database_url: str, db: Any
+) -> None:
+    policy = RetentionPolicy(key_s=HOUR, turn_s=2 * HOUR, tombstone_s=DAY)
+    async with (
+        retaining(
+            database_url, key_retention="1h", turn_retention="2h", tombstone_retention="1d"
+        ) as client,
+        sweeper(database_url, policy) as sweep,
+    ):
+        sid = await client.create_session()
+        old = await completed_turn(client, sid, "old", "hello")
+        kept = await completed_turn(client, sid, "kept", "later")
+        seqs_before = [
+            r["seq"]
+            for r in await db.fetch(
+                "SELECT seq FROM events WHERE session_id = $1::uuid ORDER BY seq", sid
+            )
+        ]
+        old_types = [
+            r["type"]
+            for r in await db.fetch(
+                "SELECT type FROM events WHERE turn_id = $1::uuid ORDER BY seq", old
+            )
+        ]
+        await ended_ago(db, old, 2 * HOUR + 5)
+        ended = await db.fetchval("SELECT completed_at FROM turns WHERE id = $1::uuid", old)
+
+        report = await sweep.run_pass()
+        assert (report.turns, report.events, report.tombstones_made) == (1, len(old_types), 1)
+        assert await db.fetchval("SELECT count(*) FROM turns WHERE id = $1::uuid", old) == 0
+        stone = await db.fetchrow("SELECT * FROM key_tombstones WHERE session_id = $1::uuid", sid)
+        assert str(stone["turn_id"]) == old and stone["idempotency_key"] == "old"
+        assert stone["ended_at"] == ended and stone["expired_at"] == ended + timedelta(hours=1)
+
+        # The session's record keeps every seq: the pruned turn's events say
+        # what they were and that their data is gone.
+        rows = await db.fetch(
+            "SELECT seq, type, turn_id, data FROM events WHERE session_id = $1::uuid ORDER BY seq",
+            sid,
+        )
+        assert [r["seq"] for r in rows] == seqs_before == list(range(1, len(rows) + 1))
+        pruned = [r for r in rows if r["turn_id"] is None]
+        assert [r["type"] for r in pruned] == old_types
+        assert old_types[0] == "turn.started" and old_types[-1] == "turn.completed"
+        assert all(r["data"] == '{"pruned": true}' for r in pruned)
+        session = await client.session(sid)
+        assert session["eventCount"] == len(rows)
+        assert [t["node"]["id"] for t in session["turns"]["edges"]] == [kept]
+
+        before = await everything(db)
+        retry = await submit(client, sid, "old", "hello")
+        assert retry["__typename"] == "KeyExpired" and retry["turnId"] == old
+        assert retry["expiredAt"] == (ended + timedelta(hours=1)).isoformat()
+        assert (await submit(client, sid, "old", "other"))["__typename"] == "KeyExpired"
+        assert await everything(db) == before
+        # The kept turn (ended just now) still replays.
+        assert (await submit(client, sid, "kept", "later"))["__typename"] == "TurnReplayed"
+
+        # A second pass finds nothing more.
+        again = await sweep.run_pass()
+        assert (again.turns, again.tombstones_forgotten) == (0, 0)
+
+        # After the tombstone retention the key is forgotten: the documented
+        # consequence is that the same key names a new turn.
+        await db.execute(
+            "UPDATE key_tombstones SET pruned_at = now() - interval '1 day 1 second' "
+            "WHERE session_id = $1::uuid",
+            sid,
+        )
+        forgot = await sweep.run_pass()
+        assert forgot.tombstones_forgotten == 1
+        reborn = await submit(client, sid, "old", "hello")
+        assert reborn["__typename"] == "TurnAccepted" and reborn["turn"]["id"] != old
+
+
+async def test_turns_named_by_a_resolution_are_kept_whole(database_url: str, db: Any) -> None:
+    policy = RetentionPolicy(key_s=HOUR, turn_s=HOUR)
+    async with (
+        retaining(database_url, key_retention="1h", turn_retention="1h") as client,
+        sweeper(database_url, policy) as sweep,
+    ):
+        sid = await client.create_session()
+        tid = await completed_turn(client, sid, "k", "hello")
+        # As an interrupted turn that was abandoned leaves it.
+        await db.execute("UPDATE turns SET status = 'INTERRUPTED' WHERE id = $1::uuid", tid)
+        await db.execute(
+            "INSERT INTO resolutions (id, session_id, turn_id, idempotency_key, fingerprint, "
+            "action, force) VALUES (gen_random_uuid(), $1::uuid, $2::uuid, 'r', 'f', "
+            "'ABANDON', false)",
+            sid,
+            tid,
+        )
+        await ended_ago(db, tid, 2 * HOUR)
+        assert (await sweep.run_pass()).turns == 0
+        assert await db.fetchval("SELECT count(*) FROM turns WHERE id = $1::uuid", tid) == 1
+        # Its key has expired all the same.
+        assert (await submit(client, sid, "k", "hello"))["__typename"] == "KeyExpired"
+
+
+async def test_concurrent_retries_racing_the_sweeper_never_make_a_second_turn(
+    database_url: str, db: Any
+) -> None:
+    policy = RetentionPolicy(key_s=60, turn_s=60)
+    settings = fast_settings(
+        key_retention="60s",
+        turn_retention="60s",
+        retention_sweep_s=3600,
+        pool_size=20,
+        tenant_max_concurrent=200,
+    )
+    async with (
+        serve_in_process(database_url, settings) as server,
+        sweeper(database_url, policy, batch=1) as sweep,
+    ):
+        client = GraphQLClient(server.url)
+        try:
+            sid = await client.create_session()
+            tid = await completed_turn(client, sid, "racing", "hello")
+        finally:
+            await client.close()
+        # The key expires, and its turn becomes prunable, about a second from now.
+        await ended_ago(db, tid, 59)
+        answers = await _race(server, sid, retries=1000, sweep=sweep)
+        assert set(answers) <= {"TurnReplayed", "KeyExpired"}, set(answers)
+        assert len(answers) == 1000
+        # Afterwards: the key is in exactly one place, naming the original turn.
+        turns = await db.fetch(
+            "SELECT id FROM turns WHERE session_id = $1::uuid AND idempotency_key = 'racing'", sid
+        )
+        stones = await db.fetch(
+            "SELECT turn_id FROM key_tombstones WHERE session_id = $1::uuid", sid
+        )
+        assert [str(r["id"]) for r in turns] + [str(r["turn_id"]) for r in stones] == [tid]
+        assert await db.fetchval(
+            "SELECT count(*) FROM turns WHERE session_id = $1::uuid", sid
+        ) == len(turns)
+
+
+async def _race(server: InProcessServer, sid: str, *, retries: int, sweep: Sweeper) -> list[str]:
+    """``retries`` same-key submissions at once over HTTP, while the sweeper
+    runs pass after pass; every answer's type."""
+    done = asyncio.Event()
+
+    async def sweeping() -> list[PassReport]:
+        reports = []
+        while not done.is_set():
+            reports.append(await sweep.run_pass())
+            await asyncio.sleep(0.01)
+        return reports
+
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as http:
+
+        async def retry() -> str:
+            body = {
+                "query": SUBMIT,
+                "variables": {
+                    "input": {"sessionId": sid, "idempotencyKey": "racing", "input": "hello"}
+                },
+            }
+            # A connection lost on a loaded machine is what a client meets too:
+            # it sends the same request again, under the same key.
+            for _ in range(3):
+                try:
+                    response = await http.post("/graphql", json=body)
+                    break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.1)
+            else:
+                response = await http.post("/graphql", json=body)
+            assert response.status_code == 200, response.text
+            answer = response.json()
+            assert not answer.get("errors"), answer
+            kind: str = answer["data"]["submitTurn"]["__typename"]
+            return kind
+
+        sweeper_task = asyncio.create_task(sweeping())
+        try:
+            answers = await asyncio.gather(*(retry() for _ in range(retries)))
+        finally:
+            done.set()
+            await sweeper_task
+    return list(answers)
+
+
+async def test_a_sweep_cancelled_between_batches_resumes_to_the_same_record(
+    database_url: str, db: Any
+) -> None:
+    await seed_backlog(db, sessions=6, turns_per_session=20, ended_ago=timedelta(days=3))
+    events_before = await db.fetchval("SELECT count(*) FROM events")
+    policy = RetentionPolicy(key_s=HOUR, turn_s=DAY, tombstone_s=None)
+    async with sweeper(database_url, policy, batch=7) as sweep:
+        stop_after = asyncio.Event()
+
+        def count(report: PassReport) -> None:
+            if report.batches == 3:
+                stop_after.set()
+
+        task = asyncio.create_task(sweep.run_pass(on_batch=count))
+        await stop_after.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        partway = await everything(db)
+        assert 0 < partway[2] < 120  # some pruned, some not
+        assert partway[0] + partway[2] == 120  # every key in exactly one place
+        # Each turn's events were blanked with it, or not at all.
+        assert (
+            await db.fetchval(
+                "SELECT count(*) FROM events WHERE turn_id IS NULL AND data <> '{\"pruned\": true}'"
+            )
+            == 0
+        )
+        assert (
+            await db.fetchval("SELECT count(*) FROM events WHERE turn_id IS NULL") == 3 * partway[2]
+        )
+
+        resumed = await sweep.run_pass()
+        assert resumed.turns == 120 - partway[2]
+    await assert_backlog_pruned(db, turns=120, events=events_before)
