@@ -17,10 +17,14 @@ class TurnStatus(StrEnum):
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     INTERRUPTED = "INTERRUPTED"  # its process stopped renewing the lease; never re-run
+    CANCELLED = "CANCELLED"  # stopped on a client's request (cancelTurn)
+    WAITING = "WAITING"  # waits for a decision on a tool call; holds no lease
 
 
 # A turn in one of these states changes no more (a resolution adds a new turn).
-TERMINAL_STATUSES = frozenset({TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.INTERRUPTED})
+TERMINAL_STATUSES = frozenset(
+    {TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.INTERRUPTED, TurnStatus.CANCELLED}
+)
 
 
 class EventType(StrEnum):
@@ -34,15 +38,27 @@ class EventType(StrEnum):
     TURN_WRITE_REFUSED = "turn.write_refused"  # a stale epoch tried to write
     TURN_RETRIED = "turn.retried"
     TURN_ABANDONED = "turn.abandoned"
+    TURN_CANCEL_REQUESTED = (
+        "turn.cancel_requested"  # a client asked; the runner stops at a safe point
+    )
+    TURN_CANCELLED = "turn.cancelled"
     TOOL_PLANNED = "tool.planned"
     TOOL_INTENT = "tool.intent"  # committed before the tool runs
     TOOL_RESULT = "tool.result"  # committed after it returns
     TOOL_RECONCILED = "tool.reconciled"  # an idempotent tool was asked about an unknown outcome
+    TOOL_APPROVAL_REQUESTED = "tool.approval_requested"  # the turn waits for a decision
+    TOOL_APPROVED = "tool.approved"
+    TOOL_REJECTED = "tool.rejected"
 
 
 # The event that ends a turn, one per status it can end in.
 TERMINAL_EVENTS = frozenset(
-    {EventType.TURN_COMPLETED, EventType.TURN_FAILED, EventType.TURN_INTERRUPTED}
+    {
+        EventType.TURN_COMPLETED,
+        EventType.TURN_FAILED,
+        EventType.TURN_INTERRUPTED,
+        EventType.TURN_CANCELLED,
+    }
 )
 # At most one of each per call of a turn (a unique index on the events table).
 ONCE_PER_CALL_EVENTS = (EventType.TOOL_INTENT, EventType.TOOL_RESULT, EventType.TOOL_RECONCILED)
@@ -68,6 +84,8 @@ class ToolCallState(StrEnum):
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # intent without result: it may or may not have run
     RECONCILED_APPLIED = "RECONCILED_APPLIED"  # unknown, then the tool said: applied
     RECONCILED_NOT_APPLIED = "RECONCILED_NOT_APPLIED"  # unknown, then the tool said: never
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"  # planned; waits for decideToolCall
+    REJECTED = "REJECTED"  # a person or client refused it; it never ran
 
 
 class ResolutionAction(StrEnum):

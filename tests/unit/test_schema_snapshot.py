@@ -37,12 +37,13 @@ def test_contract_names_are_present() -> None:
         "hasPreviousPage: Boolean!",
         "startCursor: String",
         "sessions(first: Int = 20, after: String = null): SessionConnection!",
-        "enum TurnStatus {\n  QUEUED\n  RUNNING\n  COMPLETED\n  FAILED\n  INTERRUPTED\n}",
+        "enum TurnStatus {\n  QUEUED\n  RUNNING\n  COMPLETED\n  FAILED\n  INTERRUPTED\n"
+        "  CANCELLED\n  WAITING\n}",
         "enum ErrorCode {\n  IDEMPOTENCY_CONFLICT\n  SESSION_NOT_FOUND\n  INVALID_INPUT\n",
         "toolCalls: [ToolCall!]!",
         "retryOf: ID",
         "enum ToolCallState {\n  NOT_STARTED\n  COMPLETED\n  OUTCOME_UNKNOWN\n"
-        "  RECONCILED_APPLIED\n  RECONCILED_NOT_APPLIED\n}",
+        "  RECONCILED_APPLIED\n  RECONCILED_NOT_APPLIED\n  AWAITING_APPROVAL\n  REJECTED\n}",
         "enum ToolKind {\n  READ_ONLY\n  REPEATABLE\n  IDEMPOTENT\n  UNSAFE\n}",
         "tools: [ToolInfo!]!",
         "resolveInterruptedTurn(input: ResolveInterruptedTurnInput!): "
