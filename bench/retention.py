@@ -22,12 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from bench import loadgen
 from bench.load import classify, submit_request, summarize
 from bench.rows import Measured, progress
+from bench.seed import seed_backlog
 from bench.servers import START_TIMEOUT_S, database_server, port_of
 from bench.sizes import ROOT
 from keyturn.ops.databases import admin_connect, migrate, throwaway_database
@@ -37,28 +39,6 @@ RETENTION = {"KEYTURN_KEY_RETENTION": "1h", "KEYTURN_TURN_RETENTION": "1d"}
 TURNS_PER_SESSION = 500
 TARGET = 0.8
 
-# Sessions of COMPLETED turns (three events each) that ended days ago.
-_BACKLOG = """
-WITH s AS (
-    INSERT INTO sessions (id, default_history, tenant, event_seq)
-    SELECT gen_random_uuid(), 'NONE', '', $2 * 3 FROM generate_series(1, $1)
-    RETURNING id
-), t AS (
-    INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history, status,
-                       output, admit_seq, created_at, started_at, completed_at, epoch)
-    SELECT gen_random_uuid(), s.id, 'old-' || n, 'fp-' || n, 'input ' || n, 'NONE', 'COMPLETED',
-           'output ' || n, 3 * n - 2, now() - interval '3 days', now() - interval '3 days',
-           now() - interval '3 days' + make_interval(secs => n), 1
-    FROM s, generate_series(1, $2) n
-    RETURNING id, session_id, admit_seq
-)
-INSERT INTO events (session_id, turn_id, seq, type, data)
-SELECT t.session_id, t.id, t.admit_seq + k,
-       (ARRAY['turn.started', 'turn.running', 'turn.completed'])[k + 1],
-       jsonb_build_object('epoch', 1, 'output', 'output')
-FROM t, generate_series(0, 2) k
-"""
-
 
 async def _prepare(url: str, backlog: int, sessions: int) -> list[str]:
     """Migrate, seed the backlog, and make the sessions the load submits to."""
@@ -66,7 +46,13 @@ async def _prepare(url: str, backlog: int, sessions: int) -> list[str]:
     conn = await admin_connect(url)
     try:
         for _ in range(max(1, backlog // (TURNS_PER_SESSION * 20))):
-            await conn.execute(_BACKLOG, 20, TURNS_PER_SESSION)
+            await seed_backlog(
+                conn,
+                sessions=20,
+                turns_per_session=TURNS_PER_SESSION,
+                ended_ago=timedelta(days=3),
+                history="NONE",
+            )
         await conn.execute("ANALYZE")
         rows = await conn.fetch(
             "INSERT INTO sessions (id, default_history, tenant) "

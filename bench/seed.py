@@ -1,12 +1,15 @@
 """What the rows start from, written straight into a target's database: empty
-sessions for the admission rows, and one session already holding every event
-the reading rows page through."""
+sessions for the admission rows, one session already holding every event the
+reading rows page through, and a backlog of long-ended turns for the
+retention row (and the retention tests)."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from bench.sizes import Config
 from keyturn.ops.databases import admin_connect
@@ -64,3 +67,40 @@ async def make_event_session(url: str, events: int, history: str) -> str:
     finally:
         await conn.close()
     return str(sid)
+
+
+# Sessions of COMPLETED turns, three events each, the n-th turn of a session
+# ended n seconds after the first, as a year of traffic would leave them.
+_BACKLOG = """
+WITH s AS (
+    INSERT INTO sessions (id, default_history, tenant, event_seq)
+    SELECT gen_random_uuid(), $4, '', $2 * 3 FROM generate_series(1, $1)
+    RETURNING id
+), t AS (
+    INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history, status,
+                       output, admit_seq, created_at, started_at, completed_at, epoch)
+    SELECT gen_random_uuid(), s.id, 'old-' || n, 'fp-' || n, 'input ' || n, $4, 'COMPLETED',
+           'output ' || n, 3 * n - 2, now() - $3::interval, now() - $3::interval,
+           now() - $3::interval + make_interval(secs => n), 1
+    FROM s, generate_series(1, $2) n
+    RETURNING id, session_id, admit_seq
+)
+INSERT INTO events (session_id, turn_id, seq, type, data)
+SELECT t.session_id, t.id, t.admit_seq + k,
+       (ARRAY['turn.started', 'turn.running', 'turn.completed'])[k + 1],
+       jsonb_build_object('epoch', 1, 'output', 'output')
+FROM t, generate_series(0, 2) k
+"""
+
+
+async def seed_backlog(
+    conn: Any,
+    *,
+    sessions: int,
+    turns_per_session: int,
+    ended_ago: timedelta,
+    history: str = "FULL",
+) -> None:
+    """``sessions`` sessions of ``turns_per_session`` COMPLETED turns each
+    (keys ``old-N``, fingerprints ``fp-N``), ended about ``ended_ago`` ago."""
+    await conn.execute(_BACKLOG, sessions, turns_per_session, ended_ago, history)

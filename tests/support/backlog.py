@@ -6,26 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-_SEED = """
-WITH s AS (
-    INSERT INTO sessions (id, default_history, tenant, event_seq)
-    SELECT gen_random_uuid(), 'FULL', '', $2 * 3 FROM generate_series(1, $1)
-    RETURNING id
-), t AS (
-    INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history, status,
-                       output, admit_seq, created_at, started_at, completed_at, epoch)
-    SELECT gen_random_uuid(), s.id, 'old-' || n, 'fp-' || n, 'input ' || n, 'FULL', 'COMPLETED',
-           'output ' || n, 3 * n - 2, now() - $3::interval, now() - $3::interval,
-           now() - $3::interval + make_interval(secs => n), 1
-    FROM s, generate_series(1, $2) n
-    RETURNING id, session_id, admit_seq
-)
-INSERT INTO events (session_id, turn_id, seq, type, data)
-SELECT t.session_id, t.id, t.admit_seq + k,
-       (ARRAY['turn.started', 'turn.running', 'turn.completed'])[k + 1],
-       jsonb_build_object('epoch', 1, 'output', 'output')
-FROM t, generate_series(0, 2) k
-"""
+from bench import seed
 
 
 async def seed_backlog(
@@ -33,7 +14,9 @@ async def seed_backlog(
 ) -> None:
     """``sessions`` sessions of ``turns_per_session`` COMPLETED turns each,
     ended about ``ended_ago`` ago (the n-th turn of a session n seconds later)."""
-    await db.execute(_SEED, sessions, turns_per_session, ended_ago)
+    await seed.seed_backlog(
+        db, sessions=sessions, turns_per_session=turns_per_session, ended_ago=ended_ago
+    )
 
 
 async def assert_backlog_pruned(db: Any, *, turns: int, events: int) -> None:
