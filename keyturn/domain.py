@@ -65,8 +65,20 @@ ONCE_PER_CALL_EVENTS = (EventType.TOOL_INTENT, EventType.TOOL_RESULT, EventType.
 
 
 class History(StrEnum):
-    FULL = "FULL"  # the session's earlier completed (and interrupted) turns
+    FULL = "FULL"  # the session's earlier completed (and interrupted, and cancelled) turns
     NONE = "NONE"  # only this turn's own input
+
+
+class Multitask(StrEnum):
+    """What a submission does while its session already has a turn queued or running."""
+
+    ENQUEUE = "ENQUEUE"  # wait behind it (the default)
+    REJECT = "REJECT"  # refuse the submission (SessionBusy); nothing is written
+    INTERRUPT = "INTERRUPT"  # cancel what is queued or running, then run the new turn
+
+
+# A turn in one of these states keeps its session busy.
+ACTIVE_STATUSES = frozenset({TurnStatus.QUEUED, TurnStatus.RUNNING, TurnStatus.WAITING})
 
 
 class ToolKind(StrEnum):

@@ -79,6 +79,11 @@ class StaleLease(KeyturnError):
     """The turn's lease passed to another owner; this write was refused."""
 
 
+class CancelRequested(KeyturnError):
+    """The turn's cancel was asked for: it stops at this safe point, with what
+    it recorded so far."""
+
+
 class ModelError(KeyturnError):
     """The model could not produce a reply."""
 
@@ -107,3 +112,8 @@ class ToolServerDied(KeyturnError):
 class ToolOutcomeUnknown(KeyturnError):
     """A tool failed in a way that leaves its effect unknown; the turn is left
     to be interrupted and reconciled, not finished."""
+
+
+class AwaitingApproval(KeyturnError):
+    """The turn waits for a decision on a tool call (decideToolCall); it holds
+    no lease until one comes."""

@@ -141,6 +141,9 @@ class Settings(BaseSettings):
     # How long one tool call may take. Past it a READ_ONLY call is recorded
     # as an error; any other call's effect is unknown (OUTCOME_UNKNOWN).
     tool_timeout_s: float = Field(default=30.0, gt=0)
+    # Every call of an UNSAFE tool waits for decideToolCall before it runs
+    # (the tools file's ``approve`` decides per tool, over this).
+    approve_unsafe: bool = False
 
     # The record's lifetime (keyturn.runtime.retention). How long after its
     # turn ended a key answers replays; after it the key answers KeyExpired.

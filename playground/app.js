@@ -38,6 +38,21 @@ const CREATE_SESSION = `mutation CreateSession($history: HistoryMode!) {
 const SESSION_EVENTS = `subscription SessionEvents($sessionId: ID!, $afterSeq: Int!) {
   sessionEvents(sessionId: $sessionId, afterSeq: $afterSeq) { seq type turnId data createdAt }
 }`;
+const CANCEL_TURN = `mutation CancelTurn($input: CancelTurnInput!) {
+  cancelTurn(input: $input) {
+    __typename
+    ... on TurnCancellation { replayed turn { id status cancelRequested } }
+    ... on UserError { code message }
+  }
+}`;
+const DECIDE_TOOL_CALL = `mutation DecideToolCall($input: DecideToolCallInput!) {
+  decideToolCall(input: $input) {
+    __typename
+    ... on ToolCallDecided { decision replayed turn { id status } }
+    ... on ToolCallAlreadyDecided { decision }
+    ... on UserError { code message }
+  }
+}`;
 const TURN_COMPLETED = `subscription TurnCompleted($turnId: ID!) {
   turnCompleted(turnId: $turnId) { id status output error }
 }`;
@@ -82,8 +97,12 @@ const STATUS_OF_EVENT = {
   "turn.completed": "COMPLETED",
   "turn.failed": "FAILED",
   "turn.interrupted": "INTERRUPTED",
+  "turn.cancelled": "CANCELLED",
+  "tool.approval_requested": "WAITING",
+  "tool.approved": "QUEUED",
+  "tool.rejected": "QUEUED",
 };
-const ENDED = new Set(["COMPLETED", "FAILED", "INTERRUPTED"]);
+const ENDED = new Set(["COMPLETED", "FAILED", "INTERRUPTED", "CANCELLED"]);
 const KINDS = {
   TurnAccepted: ["accepted", "Accepted", "A new turn was admitted; its turn.started event is saved."],
   TurnReplayed: [
@@ -473,6 +492,18 @@ function onEvent(sessionId, event) {
       h("pre", { class: "data" }, JSON.stringify(event.data, null, 2)),
     ),
   );
+  if (event.type === "tool.approval_requested" && event.turnId) {
+    row.append(decisionButtons(event.turnId, event.data.index));
+  }
+  if ((event.type === "tool.approved" || event.type === "tool.rejected") && event.turnId) {
+    // The call is decided, here or elsewhere: its buttons have done their part.
+    for (const box of el.timeline.querySelectorAll(".decision")) {
+      if (box.dataset.turn !== event.turnId || box.dataset.index !== String(event.data.index)) continue;
+      for (const b of box.querySelectorAll("button")) b.disabled = true;
+      box.querySelector("[data-role=decision-state]").textContent =
+        event.type === "tool.approved" ? "approved" : "rejected";
+    }
+  }
   // Newest on top; events arrive in seq order, but place by seq regardless.
   const next = [...el.timeline.children].find((li) => Number(li.dataset.seq) < event.seq);
   el.timeline.insertBefore(row, next || null);
@@ -623,6 +654,79 @@ function renderStatus() {
   const status = state.statuses.get(state.answerTurnId) || "";
   node.textContent = status;
   node.dataset.status = status;
+  // Only a turn that has not ended can be cancelled.
+  const cancel = el.answer.querySelector("[data-role=cancel]");
+  if (cancel) cancel.hidden = ENDED.has(status);
+}
+
+// Cancel under one key per turn: a second click (or a lost answer's retry)
+// replays the first cancel instead of asking again.
+async function onCancel(turnId, button) {
+  const note = el.answer.querySelector("[data-role=cancel-state]");
+  button.disabled = true;
+  try {
+    const data = await gql(CANCEL_TURN, {
+      input: { turnId, idempotencyKey: `cancel-${turnId}`, reason: "cancelled in the playground" },
+    });
+    const result = data.cancelTurn;
+    if (state.answerTurnId !== turnId || !note) return;
+    if (result.__typename === "TurnCancellation") {
+      const seen = state.statuses.get(turnId);
+      if (!seen || !ENDED.has(seen)) state.statuses.set(turnId, result.turn.status);
+      note.textContent =
+        result.turn.status === "CANCELLED" ? "cancelled" : "cancel requested: it stops at a safe point";
+      renderStatus();
+    } else {
+      note.textContent = result.message || result.__typename;
+      button.disabled = false;
+    }
+  } catch (error) {
+    if (note) note.textContent = `cancel not sent: ${error.message}`;
+    button.disabled = false;
+  }
+}
+
+// Approve or Reject a call that waits, under one key per call and decision:
+// a second click (or a lost answer's retry) replays the first decision.
+function decisionButtons(turnId, index) {
+  const note = h("span", { class: "muted", "data-role": "decision-state", role: "status" }, "");
+  const decide = async (decision, buttons) => {
+    for (const b of buttons) b.disabled = true;
+    try {
+      const data = await gql(DECIDE_TOOL_CALL, {
+        input: {
+          turnId,
+          index,
+          decision,
+          idempotencyKey: `${decision.toLowerCase()}-${turnId}-${index}`,
+          note: "decided in the playground",
+        },
+      });
+      const result = data.decideToolCall;
+      if (result.__typename === "ToolCallDecided" || result.__typename === "ToolCallAlreadyDecided") {
+        note.textContent = result.decision === "APPROVE" ? "approved" : "rejected";
+      } else {
+        note.textContent = result.message || result.__typename;
+        for (const b of buttons) b.disabled = false;
+      }
+    } catch (error) {
+      note.textContent = `decision not sent: ${error.message}`;
+      for (const b of buttons) b.disabled = false;
+    }
+  };
+  const approve = h("button", { type: "button", "data-role": "approve" }, "Approve");
+  const reject = h("button", { type: "button", class: "warn", "data-role": "reject" }, "Reject");
+  approve.addEventListener("click", () => decide("APPROVE", [approve, reject]));
+  reject.addEventListener("click", () => decide("REJECT", [approve, reject]));
+  return h(
+    "div",
+    { class: "decision", dataset: { turn: turnId, index } },
+    approve,
+    " ",
+    reject,
+    " ",
+    note,
+  );
 }
 
 // The answer's output while its turn runs: the text its turn.delta events
@@ -674,7 +778,16 @@ function renderAnswer(result, { request, how, before }) {
           : h("span", { class: "bad", "data-role": "same-turn" }, `no: first was ${short(original)}`),
       );
     }
-    fact("Status", h("span", { class: "status", "data-role": "status" }, ""));
+    const cancel = h("button", { type: "button", class: "warn", "data-role": "cancel" }, "Cancel turn");
+    cancel.addEventListener("click", () => onCancel(turn.id, cancel));
+    fact(
+      "Status",
+      h("span", { class: "status", "data-role": "status" }, ""),
+      " ",
+      cancel,
+      " ",
+      h("span", { class: "muted", "data-role": "cancel-state", role: "status" }, ""),
+    );
     fact("Key", h("code", {}, turn.idempotencyKey));
     fact("Input", h("code", {}, JSON.stringify(turn.input)), ` · history ${turn.history}`);
     fact("Output", h("span", { "data-role": "output" }, turn.output || turn.error || "…"));

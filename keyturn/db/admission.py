@@ -19,11 +19,21 @@ from typing import Any
 
 import orjson
 
+from keyturn.db import cancels
 from keyturn.db.engine import Conn
 from keyturn.db.records import Row, TurnRecord, turn_from
 from keyturn.db.sql import Statement, append_event, columns, literal, literals
 from keyturn.db.tables import Turn
-from keyturn.domain import TERMINAL_STATUSES, EventType, History, TurnStatus
+from keyturn.domain import (
+    ACTIVE_STATUSES,
+    TERMINAL_STATUSES,
+    EventType,
+    History,
+    Multitask,
+    TurnStatus,
+)
+
+_DECISION_TYPES = literals((EventType.TOOL_APPROVED, EventType.TOOL_REJECTED))
 
 # When the key of turn ``t`` stops answering replays (NULL: never, or not yet
 # ended), whether that moment has passed, and the tombstone ``kt`` of a
@@ -35,13 +45,35 @@ _EXPIRY = f"""
              AND t.completed_at + make_interval(
                  secs => CAST(:key_retention_s AS double precision)) <= now(),
              false) AS t_expired,
-    kt.turn_id AS kt_turn_id, kt.ended_at AS kt_ended_at, kt.expired_at AS kt_expired_at
+    kt.turn_id AS kt_turn_id, kt.ended_at AS kt_ended_at, kt.expired_at AS kt_expired_at,
+    (SELECT d.id FROM turns d WHERE d.session_id = {{session}} AND d.cancel_key = :key
+     UNION ALL
+     SELECT r.turn_id FROM resolutions r
+     WHERE r.session_id = {{session}} AND r.idempotency_key = :key AND r.new_turn_id IS NULL
+     UNION ALL
+     SELECT e.turn_id FROM events e
+     WHERE e.session_id = {{session}} AND e.type IN ({_DECISION_TYPES})
+       AND e.data ->> 'idempotencyKey' = :key
+     LIMIT 1) AS decided_turn_id
 """
+
+# One namespace of keys per session: a key a decision took (a cancel, a
+# resolution that admitted no turn, or a decision on a tool call) admits no
+# turn, as a turn's key takes no decision (keyturn.db.cancels,
+# keyturn.db.resolutions, keyturn.db.approvals).
+_DECIDED = f"""
+          AND NOT EXISTS (SELECT 1 FROM turns d
+                          WHERE d.session_id = s.id AND d.cancel_key = :key)
+          AND NOT EXISTS (SELECT 1 FROM resolutions r
+                          WHERE r.session_id = s.id AND r.idempotency_key = :key)
+          AND NOT EXISTS (SELECT 1 FROM events e
+                          WHERE e.session_id = s.id AND e.type IN ({_DECISION_TYPES})
+                            AND e.data ->> 'idempotencyKey' = :key)"""
 
 _LOOKUP = Statement(
     f"""
-    SELECT s.default_history AS session_default_history,
-           {columns(Turn, alias="t", prefix="t_")}, {_EXPIRY}
+    SELECT s.default_history AS session_default_history, s.multitask AS session_multitask,
+           {columns(Turn, alias="t", prefix="t_")}, {_EXPIRY.format(session="s.id")}
     FROM sessions s
     LEFT JOIN turns t ON t.session_id = s.id AND t.idempotency_key = :key
     LEFT JOIN key_tombstones kt ON kt.session_id = s.id AND kt.idempotency_key = :key
@@ -66,7 +98,14 @@ _ADMIT = Statement(
         FROM s
         -- The key of a pruned turn is spent until its tombstone is forgotten.
         WHERE NOT EXISTS (SELECT 1 FROM key_tombstones kt
-                          WHERE kt.session_id = s.id AND kt.idempotency_key = :key)
+                          WHERE kt.session_id = s.id AND kt.idempotency_key = :key){_DECIDED}
+          -- multitask REJECT: nothing of the session may be queued or running.
+          -- Sent after the session row is locked, in the same transaction
+          -- (insert_turn), so this reads what the lock now guards.
+          AND (NOT CAST(:reject AS boolean)
+               OR NOT EXISTS (SELECT 1 FROM turns b
+                              WHERE b.session_id = s.id
+                                AND b.status IN ({literals(ACTIVE_STATUSES)})))
         ON CONFLICT (session_id, idempotency_key) DO NOTHING
         RETURNING {columns(Turn)}
     ), {
@@ -83,7 +122,7 @@ _ADMIT = Statement(
 
 _BY_KEY = Statement(
     f"""
-    SELECT {columns(Turn, alias="t", prefix="t_")}, {_EXPIRY}
+    SELECT {columns(Turn, alias="t", prefix="t_")}, {_EXPIRY.format(session="k.session_id")}
     FROM (SELECT CAST(:session_id AS uuid) AS session_id) k
     LEFT JOIN turns t ON t.session_id = k.session_id AND t.idempotency_key = :key
     LEFT JOIN key_tombstones kt ON kt.session_id = k.session_id AND kt.idempotency_key = :key
@@ -108,6 +147,8 @@ class KeyState:
 
     existing: TurnRecord | None
     expiry: Expiry | None
+    # A decision that took the key: the turn it cancelled or resolved.
+    decided_turn_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +159,7 @@ class AdmissionLookup:
     session_found: bool
     default_history: History | None
     key: KeyState
+    multitask: Multitask = Multitask.ENQUEUE
 
 
 def _key_state(row: Row) -> KeyState:
@@ -125,7 +167,7 @@ def _key_state(row: Row) -> KeyState:
         # Pruned: nothing is left to replay, whatever the retention is now.
         return KeyState(None, Expiry(row["kt_turn_id"], row["kt_ended_at"], row["kt_expired_at"]))
     if row["t_id"] is None:
-        return KeyState(None, None)
+        return KeyState(None, None, row["decided_turn_id"])
     turn = turn_from(row, "t_")
     if row["t_expired"] and turn.completed_at is not None:
         return KeyState(turn, Expiry(turn.id, turn.completed_at, row["t_expires_at"]))
@@ -144,7 +186,12 @@ async def lookup(
     )
     if row is None:
         return AdmissionLookup(False, None, KeyState(None, None))
-    return AdmissionLookup(True, History(row["session_default_history"]), _key_state(row))
+    return AdmissionLookup(
+        True,
+        History(row["session_default_history"]),
+        _key_state(row),
+        Multitask(row["session_multitask"]),
+    )
 
 
 def _seconds(retention_s: int | None) -> float | None:
@@ -162,21 +209,73 @@ async def insert_turn(
     input: str,
     history: History,
     data: dict[str, Any],
-) -> TurnRecord | None:
+    multitask: Multitask = Multitask.ENQUEUE,
+) -> Admitted:
     """The new turn, or None when another submission already owns the key
-    (or the session vanished)."""
-    row = await _ADMIT.fetchrow(
-        conn,
-        tenant=tenant,
-        turn_id=turn_id,
-        session_id=session_id,
-        key=key,
-        fingerprint=fingerprint,
-        input=input,
-        history=history,
-        data=orjson.dumps(data).decode(),
-    )
-    return turn_from(row) if row is not None else None
+    (or the session vanished, or, under multitask REJECT, it is busy).
+
+    ENQUEUE is the one statement. REJECT and INTERRUPT lock the session row
+    first, in a transaction, so that the statement's reads of the session's
+    turns come after the lock (a statement's own reads see the moment it
+    started, not the moment its lock was granted); INTERRUPT then cancels
+    what is queued or running, in the same transaction."""
+    params: dict[str, Any] = {
+        "tenant": tenant,
+        "turn_id": turn_id,
+        "session_id": session_id,
+        "key": key,
+        "fingerprint": fingerprint,
+        "input": input,
+        "history": history,
+        "data": orjson.dumps(data).decode(),
+        "reject": multitask is Multitask.REJECT,
+    }
+    if multitask is Multitask.ENQUEUE:
+        row = await _ADMIT.fetchrow(conn, **params)
+        return Admitted(turn_from(row) if row is not None else None)
+    async with conn.driver.transaction():
+        if await _LOCK_SESSION.fetchrow(conn, session_id=session_id, tenant=tenant) is None:
+            return Admitted(None)
+        row = await _ADMIT.fetchrow(conn, **params)
+        if row is None:
+            return Admitted(None)
+        turn = turn_from(row)
+        cancelled: list[TurnRecord] = []
+        if multitask is Multitask.INTERRUPT:
+            cancelled = await cancels.cancel_active(
+                conn,
+                tenant=tenant,
+                session_id=session_id,
+                except_id=turn.id,
+                reason=f"interrupted by turn {turn.id} (multitask INTERRUPT)",
+            )
+        return Admitted(turn, tuple(cancelled))
+
+
+_LOCK_SESSION = Statement(
+    "SELECT id FROM sessions WHERE id = :session_id AND tenant = :tenant FOR UPDATE"
+)
+
+
+_BUSY = Statement(
+    f"""
+    SELECT id FROM turns
+    WHERE session_id = :session_id AND status IN ({literals(ACTIVE_STATUSES)})
+    ORDER BY admit_seq LIMIT 1
+    """
+)
+
+
+async def busy_turn(conn: Conn, *, session_id: uuid.UUID) -> uuid.UUID | None:
+    """The session's first queued, waiting or running turn, if any."""
+    row = await _BUSY.fetchrow(conn, session_id=session_id)
+    return row["id"] if row is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    turn: TurnRecord | None  # None: nothing was written
+    cancelled: tuple[TurnRecord, ...] = ()  # INTERRUPT: the turns cancelled or asked to stop
 
 
 async def key_state(

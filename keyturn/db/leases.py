@@ -55,6 +55,11 @@ _CLAIM = Statement(
         SELECT h.id, h.session_id FROM heads h
         WHERE NOT EXISTS (SELECT 1 FROM turns r
                           WHERE r.session_id = h.session_id AND r.status = {RUNNING})
+          -- A WAITING turn is still the head of its session: the queue waits
+          -- behind it until a decision puts it back (QUEUED, in its place).
+          AND NOT EXISTS (SELECT 1 FROM turns w
+                          WHERE w.session_id = h.session_id
+                            AND w.status = {literal(TurnStatus.WAITING)})
         ORDER BY h.created_at, h.admit_seq
         LIMIT :limit
     ), s AS (
@@ -83,7 +88,7 @@ _RENEW = Statement(
     f"""
     UPDATE turns SET lease_until = now() + make_interval(secs => :ttl)
     WHERE id = :turn_id AND epoch = :epoch AND status = {RUNNING}
-    RETURNING id
+    RETURNING id, cancel_requested_at IS NOT NULL AS cancel_requested
     """
 )
 
@@ -156,7 +161,9 @@ _INTERRUPT_EXPIRED = Statement(
 # A clean shutdown hands an unfinished turn back to the queue instead of
 # marking it interrupted, as long as it has done nothing outside itself: a
 # turn with a tool intent is never run again on its own, so it stays until
-# its lease runs out and is interrupted (and its tool calls settled).
+# its lease runs out and is interrupted (and its tool calls settled). Nor is
+# a turn that asked for approval: it resumes from its record, and starting
+# afresh would ask again a person who already decided.
 _RELEASE = Statement(
     f"""
     WITH {SESSION_OF_TURN}, u AS (
@@ -167,7 +174,9 @@ _RELEASE = Statement(
           AND turns.epoch = :epoch AND turns.status = {RUNNING}
           AND NOT EXISTS (SELECT 1 FROM events e
                           WHERE e.turn_id = :turn_id
-                            AND e.type = {literal(EventType.TOOL_INTENT)})
+                            AND e.type IN ({
+        literals((EventType.TOOL_INTENT, EventType.TOOL_APPROVAL_REQUESTED))
+    }))
         RETURNING turns.*
     ), {
         append_event(
@@ -218,20 +227,24 @@ _FINISHED_BY = Statement(
 # The latest ``limit`` earlier turns a FULL history shows, oldest first: read
 # newest first down the (session_id, admit_seq) index, so a long session costs
 # no more than its window. Each comes with the tool results its record holds
-# (one per call index, through the index on events by turn), in one statement.
+# (one per call index, through the index on events by turn; a rejected call's
+# refusal stands as its result), in one statement.
 _HISTORY = Statement(
     f"""
     WITH recent AS (
         SELECT id, input, output, status, admit_seq FROM turns
         WHERE session_id = :session_id AND admit_seq < :admit_seq
-          AND status IN ({literals((TurnStatus.COMPLETED, TurnStatus.INTERRUPTED))})
+          AND status IN ({
+        literals((TurnStatus.COMPLETED, TurnStatus.INTERRUPTED, TurnStatus.CANCELLED))
+    })
         ORDER BY admit_seq DESC
         LIMIT :limit
     )
     SELECT r.input, r.output, r.status,
            (SELECT COALESCE(jsonb_agg(c.data ORDER BY (c.data ->> 'index')::int), '[]')
             FROM (SELECT DISTINCT ON (e.data ->> 'index') e.data FROM events e
-                  WHERE e.turn_id = r.id AND e.type = {literal(EventType.TOOL_RESULT)}
+                  WHERE e.turn_id = r.id
+                    AND e.type IN ({literals((EventType.TOOL_RESULT, EventType.TOOL_REJECTED))})
                   ORDER BY e.data ->> 'index', e.seq DESC) c) AS tools
     FROM recent r
     ORDER BY r.admit_seq
@@ -259,9 +272,18 @@ async def claim(conn: Conn, *, owner: str, ttl_s: float, limit: int) -> Claim:
     return Claim([turn_from(r) for r in rows])
 
 
-async def renew(conn: Conn, *, turn_id: uuid.UUID, epoch: int, ttl_s: float) -> bool:
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """A renewed lease, and whether the turn's cancel has been asked for
+    meanwhile (the renewal is also the poll behind the cancel's wake-up)."""
+
+    cancel_requested: bool
+
+
+async def renew(conn: Conn, *, turn_id: uuid.UUID, epoch: int, ttl_s: float) -> Renewal | None:
+    """The renewal, or None when the epoch or status no longer matched."""
     row = await _RENEW.fetchrow(conn, turn_id=turn_id, epoch=epoch, ttl=ttl_s)
-    return row is not None
+    return Renewal(bool(row["cancel_requested"])) if row is not None else None
 
 
 async def finish(
@@ -334,7 +356,7 @@ class PastTurnRow:
 async def history(
     conn: Conn, *, session_id: uuid.UUID, admit_seq: int, limit: int
 ) -> list[PastTurnRow]:
-    """The latest ``limit`` completed or interrupted turns before
+    """The latest ``limit`` completed, interrupted or cancelled turns before
     ``admit_seq``, oldest first, with their recorded tool results."""
     rows = await _HISTORY.fetch(conn, session_id=session_id, admit_seq=admit_seq, limit=limit)
     return [

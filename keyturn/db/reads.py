@@ -18,7 +18,7 @@ from keyturn.db.records import (
 )
 from keyturn.db.sql import Statement, columns
 from keyturn.db.tables import Event, Session, Turn
-from keyturn.domain import History
+from keyturn.domain import History, Multitask
 
 _SESSION_COLUMNS = columns(Session)
 _EVENT_COLUMNS = columns(Event)
@@ -26,7 +26,8 @@ _EVENT_COLUMNS = columns(Event)
 # Every lookup a client can cause names the tenant: another tenant's session,
 # turn or events read exactly as "not found".
 _CREATE_SESSION = Statement(
-    "INSERT INTO sessions (id, tenant, default_history) VALUES (:id, :tenant, :default_history) "
+    "INSERT INTO sessions (id, tenant, default_history, multitask) "
+    "VALUES (:id, :tenant, :default_history, :multitask) "
     f"RETURNING {_SESSION_COLUMNS}"
 )
 _SESSION = Statement(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = :id AND tenant = :tenant")
@@ -101,9 +102,15 @@ _EVENTS_OF_TURNS = Statement(
 )
 
 
-async def create_session(conn: Conn, *, tenant: str, default_history: History) -> SessionRecord:
+async def create_session(
+    conn: Conn,
+    *,
+    tenant: str,
+    default_history: History,
+    multitask: Multitask = Multitask.ENQUEUE,
+) -> SessionRecord:
     row = await _CREATE_SESSION.fetchrow(
-        conn, id=uuid.uuid4(), tenant=tenant, default_history=default_history
+        conn, id=uuid.uuid4(), tenant=tenant, default_history=default_history, multitask=multitask
     )
     assert row is not None  # an INSERT … RETURNING without a condition returns its row
     return session_from(row)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from keyturn.domain import History, ResolutionAction, TurnStatus
+from keyturn.domain import History, Multitask, ResolutionAction, TurnStatus
 
 Row = Mapping[str, Any]
 
@@ -29,6 +29,7 @@ class SessionRecord:
     default_history: History
     # The last seq handed out; seq is gapless, so also the number of events.
     event_seq: int
+    multitask: Multitask = Multitask.ENQUEUE
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,11 @@ class TurnRecord:
     lease_until: datetime | None
     epoch: int
     retry_of: uuid.UUID | None
+    # Its cancel (cancelTurn, or a later submission's multitask INTERRUPT).
+    cancel_requested_at: datetime | None = None
+    cancel_reason: str | None = None
+    cancel_key: str | None = None
+    cancel_fingerprint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +95,7 @@ _RESOLUTION = names(ResolutionRecord)
 def session_from(row: Row, prefix: str = "") -> SessionRecord:
     values = {n: row[prefix + n] for n in _SESSION}
     values["default_history"] = History(values["default_history"])
+    values["multitask"] = Multitask(values["multitask"])
     return SessionRecord(**values)
 
 

@@ -22,7 +22,13 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
 from keyturn.db.sql import literal, literals
-from keyturn.domain import ONCE_PER_CALL_EVENTS, TERMINAL_STATUSES, EventType, TurnStatus
+from keyturn.domain import (
+    ONCE_PER_CALL_EVENTS,
+    TERMINAL_STATUSES,
+    EventType,
+    Multitask,
+    TurnStatus,
+)
 
 # Ledger events written at most once per key (the index below).
 _LEDGER_ONCE = (EventType.TOOL_PLANNED, *ONCE_PER_CALL_EVENTS)
@@ -52,11 +58,20 @@ def _now_column(nullable: bool = False) -> Any:
 
 class SessionBase(SQLModel):
     default_history: str = Field(sa_column=Column(Text, nullable=False))
+    # What a submission does while a turn of the session is queued or running
+    # (a submission may say otherwise for itself).
+    multitask: str = Field(
+        default=Multitask.ENQUEUE.value,
+        sa_column=Column(Text, nullable=False, server_default=text(literal(Multitask.ENQUEUE))),
+    )
 
 
 class Session(SessionBase, table=True):
     __tablename__ = "sessions"
-    __table_args__ = (Index("ix_sessions_tenant_created", "tenant", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_sessions_tenant_created", "tenant", "created_at", "id"),
+        CheckConstraint(f"multitask IN ({literals(Multitask)})", name="multitask_known"),
+    )
 
     id: uuid.UUID = Field(primary_key=True)
     # The tenant of the token that created the session ("" when the server
@@ -98,6 +113,13 @@ class Turn(TurnBase, table=True):
             "admit_seq",
             postgresql_where=text(f"status = {literal(TurnStatus.QUEUED)}"),
         ),
+        # Turns waiting for a decision on a tool call: the claim checks that
+        # none holds a session, and pendingApprovals lists them.
+        Index(
+            "ix_turns_waiting",
+            "session_id",
+            postgresql_where=text(f"status = {literal(TurnStatus.WAITING)}"),
+        ),
         Index(
             "ix_turns_running_lease",
             "lease_until",
@@ -113,6 +135,14 @@ class Turn(TurnBase, table=True):
         # Deleting a turn (the retention sweeper) checks that no retry names
         # it: without this, one scan of all turns per pruned turn.
         Index("ix_turns_retry_of", "retry_of", postgresql_where=text("retry_of IS NOT NULL")),
+        # A cancel's key names one cancel in its session, as a turn's names one turn.
+        Index(
+            "ux_turns_cancel_key",
+            "session_id",
+            "cancel_key",
+            unique=True,
+            postgresql_where=text("cancel_key IS NOT NULL"),
+        ),
         CheckConstraint(TURN_STATUS_CHECK, name="status_known"),
     )
 
@@ -137,6 +167,13 @@ class Turn(TurnBase, table=True):
     )
     # The interrupted turn this one retries (resolveInterruptedTurn RETRY).
     retry_of: uuid.UUID | None = Field(default=None, foreign_key="turns.id", nullable=True)
+    # The turn's cancel, at most one (cancelTurn, or a submission with
+    # multitask INTERRUPT, which has no key): when it was asked for, why, and
+    # the key and fingerprint that make cancelTurn idempotent.
+    cancel_requested_at: datetime | None = Field(default=None, sa_column=_now_column(nullable=True))
+    cancel_reason: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    cancel_key: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    cancel_fingerprint: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class Event(SQLModel, table=True):
@@ -167,6 +204,16 @@ class Event(SQLModel, table=True):
             text("(data ->> 'index')"),
             unique=True,
             postgresql_where=text(f"type = {literal(EventType.TURN_DELTA)}"),
+        ),
+        # A decision key (decideToolCall) names one decision in its session.
+        Index(
+            "ux_events_decision_key",
+            "session_id",
+            text("(data ->> 'idempotencyKey')"),
+            unique=True,
+            postgresql_where=text(
+                f"type IN ({literals((EventType.TOOL_APPROVED, EventType.TOOL_REJECTED))})"
+            ),
         ),
         CheckConstraint(EVENT_TYPE_CHECK, name="type_known"),
     )

@@ -87,6 +87,20 @@ PARTS = (
 )
 
 
+# Fields a file of the same version may lack, written before their columns
+# existed (migration 0010), and the value such a row had: it was never
+# cancelled, and its session enqueued.
+_ADDED_SINCE: dict[str, Record] = {
+    "turn": {
+        "cancel_requested_at": None,
+        "cancel_reason": None,
+        "cancel_key": None,
+        "cancel_fingerprint": None,
+    },
+    "session": {"multitask": "ENQUEUE"},
+}
+
+
 # -- values ---------------------------------------------------------------------
 def encode(part: Part, row: Any) -> Record:
     """A row as JSON takes it: ids and times as strings, data as it is."""
@@ -109,6 +123,7 @@ def decode(part: Part, raw: Any) -> Record:
     field when it is not one of this table's rows."""
     if not isinstance(raw, dict):
         raise TransferRefused(f"a {part.kind} must be a JSON object")
+    raw = {**_ADDED_SINCE.get(part.kind, {}), **raw}
     given = set(raw) - {"kind"}
     expected = set(part.columns)
     if given != expected:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
-from keyturn.domain import History
+from keyturn.domain import History, Multitask
 from keyturn.errors import InvalidArgument
 from keyturn.resolvers.context import Context, TurnPageKey
 from keyturn.resolvers.pagination import (
@@ -27,8 +27,12 @@ def parse_id(value: str) -> uuid.UUID | None:
         return None
 
 
-async def create_session(ctx: Context, *, default_history: History) -> SessionRecord:
-    return await ctx.runtime.create_session(tenant=ctx.tenant, default_history=default_history)
+async def create_session(
+    ctx: Context, *, default_history: History, multitask: Multitask = Multitask.ENQUEUE
+) -> SessionRecord:
+    return await ctx.runtime.create_session(
+        tenant=ctx.tenant, default_history=default_history, multitask=multitask
+    )
 
 
 async def delete_session(ctx: Context, *, session_id: str, idempotency_key: str) -> DeletionResult:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from keyturn.db.records import EventRecord, TurnRecord
-from keyturn.domain import History
+from keyturn.domain import History, Multitask
 from keyturn.resolvers.context import Context
 from keyturn.resolvers.sessions import parse_id
 from keyturn.runtime.admission import Admission
@@ -13,11 +13,21 @@ from keyturn.runtime.validation import TurnRequest
 
 
 async def submit_turn(
-    ctx: Context, *, session_id: str, idempotency_key: str, input: str, history: History | None
+    ctx: Context,
+    *,
+    session_id: str,
+    idempotency_key: str,
+    input: str,
+    history: History | None,
+    multitask: Multitask | None = None,
 ) -> Admission:
     """Raises InvalidRequest (naming the field) before anything is written."""
     request = TurnRequest.parse(
-        session_id=session_id, idempotency_key=idempotency_key, input=input, history=history
+        session_id=session_id,
+        idempotency_key=idempotency_key,
+        input=input,
+        history=history,
+        multitask=multitask,
     )
     return await ctx.runtime.submit(request, tenant=ctx.tenant)
 

@@ -13,7 +13,7 @@ from keyturn.db import admission as db
 from keyturn.db.admission import Expiry, KeyState
 from keyturn.db.engine import Engine, connect
 from keyturn.db.records import TurnRecord
-from keyturn.domain import History
+from keyturn.domain import History, Multitask
 from keyturn.errors import DatabaseUnavailable, OutcomeUnknown
 from keyturn.runtime.stats import NoStats, Stats
 from keyturn.runtime.validation import TurnRequest, fingerprint
@@ -29,6 +29,9 @@ class AdmissionOutcome(Enum):
     # for this request or any other. A new turn needs a new key.
     EXPIRED = "expired"
     SESSION_NOT_FOUND = "session_not_found"
+    # multitask REJECT while a turn of the session is queued or running:
+    # nothing written; the same key is a new admission once the session is idle.
+    BUSY = "busy"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,11 @@ class Admission:
     outcome: AdmissionOutcome
     turn: TurnRecord | None = None
     expiry: Expiry | None = None
+    # CONFLICT with a key a decision took (a cancel, a resolution): its turn.
+    conflicting_turn_id: uuid.UUID | None = None
+    busy_turn_id: uuid.UUID | None = None  # BUSY: the turn that keeps the session busy
+    # ACCEPTED under multitask INTERRUPT: the turns it cancelled or asked to stop.
+    cancelled: tuple[TurnRecord, ...] = ()
 
 
 def _judge(existing: TurnRecord, fp: str) -> Admission:
@@ -87,11 +95,18 @@ def _answer(key: KeyState, fp: str) -> Admission | None:
         return Admission(AdmissionOutcome.EXPIRED, key.existing, key.expiry)
     if key.existing is not None:
         return _judge(key.existing, fp)
+    if key.decided_turn_id is not None:
+        return Admission(AdmissionOutcome.CONFLICT, conflicting_turn_id=key.decided_turn_id)
     return None
 
 
 async def _admit(
-    *, engine: Engine, request: TurnRequest, tenant: str, key_retention_s: int | None
+    *,
+    engine: Engine,
+    request: TurnRequest,
+    tenant: str,
+    key_retention_s: int | None,
+    attempt: int = 0,
 ) -> Admission:
     """Admit ``request`` or say which turn already holds its key.
 
@@ -103,6 +118,7 @@ async def _admit(
     """
     turn_id = uuid.uuid4()
     fp = ""
+    multitask = Multitask.ENQUEUE
     writing = False  # once the admission statement is sent, its outcome must be settled
     try:
         # One pooled connection for the whole admission: a checkout costs
@@ -118,12 +134,13 @@ async def _admit(
             if not found.session_found:
                 return Admission(AdmissionOutcome.SESSION_NOT_FOUND)
             history = request.effective_history(found.default_history or History.FULL)
-            fp = fingerprint(input=request.input, history=history)
+            multitask = request.effective_multitask(found.multitask)
+            fp = fingerprint(input=request.input, history=history, multitask=multitask)
             held = _answer(found.key, fp)
             if held is not None:
                 return held
             writing = True
-            turn = await db.insert_turn(
+            admitted = await db.insert_turn(
                 conn,
                 tenant=tenant,
                 turn_id=turn_id,
@@ -132,27 +149,54 @@ async def _admit(
                 fingerprint=fp,
                 input=request.input,
                 history=history,
-                data={"idempotencyKey": request.idempotency_key, "history": history},
+                data=_started_data(request.idempotency_key, history, multitask),
+                multitask=multitask,
             )
-            if turn is not None:
-                return Admission(AdmissionOutcome.ACCEPTED, turn)
-            # Another submission won the key, or a tombstone holds it.
+            if admitted.turn is not None:
+                return Admission(
+                    AdmissionOutcome.ACCEPTED, admitted.turn, cancelled=admitted.cancelled
+                )
+            # Another submission won the key, or a tombstone holds it, or
+            # (REJECT) the session is busy.
             winner = await db.key_state(
                 conn,
                 session_id=request.session_id,
                 key=request.idempotency_key,
                 key_retention_s=key_retention_s,
             )
+            busy = (
+                await db.busy_turn(conn, session_id=request.session_id)
+                if multitask is Multitask.REJECT and _answer(winner, fp) is None
+                else None
+            )
     except DatabaseUnavailable:
         if not writing:
             raise  # nothing was sent that could have written: plainly retryable
         return await _settle_unknown(engine, request, turn_id, fp, key_retention_s)
     answer = _answer(winner, fp)
+    if answer is None and busy is not None:
+        return Admission(AdmissionOutcome.BUSY, busy_turn_id=busy)
+    if answer is None and multitask is Multitask.REJECT and attempt < 3:
+        # The busy turn ended between the statement and the read: admit again.
+        return await _admit(
+            engine=engine,
+            request=request,
+            tenant=tenant,
+            key_retention_s=key_retention_s,
+            attempt=attempt + 1,
+        )
     if answer is None:
         # The statement inserted nothing and nothing holds the key: the
         # session itself must be gone.
         return Admission(AdmissionOutcome.SESSION_NOT_FOUND)
     return answer
+
+
+def _started_data(key: str, history: History, multitask: Multitask) -> dict[str, object]:
+    data: dict[str, object] = {"idempotencyKey": key, "history": history}
+    if multitask is not Multitask.ENQUEUE:
+        data["multitask"] = multitask
+    return data
 
 
 async def _settle_unknown(

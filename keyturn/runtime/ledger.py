@@ -13,6 +13,12 @@ others the record keeps saying OUTCOME_UNKNOWN, and what a retry may do
 depends on the kind recorded in the intent: READ_ONLY and REPEATABLE calls
 run again (a repeat adds no effect), an UNSAFE one only when the client
 forces it.
+
+A call that needs approval (:mod:`keyturn.runtime.approval`) is
+AWAITING_APPROVAL from its ``tool.approval_requested`` until a decision:
+``tool.approved`` makes it NOT_STARTED again until its intent, and
+``tool.rejected`` makes it REJECTED, with the refusal the model was shown as
+its result; a rejected call never has an intent.
 """
 
 from __future__ import annotations
@@ -76,6 +82,13 @@ def tool_calls(events: Sequence[EventRecord]) -> list[ToolCallView]:
                 result=d.get("result"),
                 reused_from=d.get("reusedFrom"),
             )
+        elif event.type == EventType.TOOL_APPROVAL_REQUESTED:
+            calls[int(d["index"])] = view(d, ToolCallState.AWAITING_APPROVAL)
+        elif event.type == EventType.TOOL_APPROVED:
+            # Allowed, not yet run: its intent comes when the turn resumes.
+            calls[int(d["index"])] = view(d, ToolCallState.NOT_STARTED)
+        elif event.type == EventType.TOOL_REJECTED:
+            calls[int(d["index"])] = view(d, ToolCallState.REJECTED, result=d.get("result"))
         elif event.type == EventType.TOOL_RECONCILED:
             state = (
                 ToolCallState.RECONCILED_APPLIED

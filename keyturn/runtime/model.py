@@ -70,7 +70,7 @@ class ToolOutcome:
 class PastTurn:
     input: str
     output: str | None
-    status: TurnStatus  # COMPLETED or INTERRUPTED
+    status: TurnStatus  # COMPLETED, INTERRUPTED or CANCELLED
     # The calls the turn made whose results the record holds.
     tools: tuple[ToolOutcome, ...] = ()
 

@@ -46,6 +46,10 @@ INTERRUPTED_WITH_OUTPUT = (
     "[This turn was interrupted before it finished; the output recorded before it stopped"
     " follows.]\n"
 )
+CANCELLED_NO_OUTPUT = "[This turn was cancelled before it finished; no output was recorded.]"
+CANCELLED_WITH_OUTPUT = (
+    "[This turn was cancelled before it finished; the output recorded before it stopped follows.]\n"
+)
 
 
 # -- what is sent --------------------------------------------------------------
@@ -68,7 +72,7 @@ def _call(call_id: str, tool: str, arguments: dict[str, Any]) -> Message:
 def past_turn_messages(past: PastTurn, position: int) -> list[Message]:
     """One earlier turn as the conversation shows it: the user's input, the
     calls whose results the record holds with those results, then the
-    output. An interrupted turn says so in its reply. ``position`` names its
+    output. An interrupted or cancelled turn says so in its reply. ``position`` names its
     calls (``turn{position}_call{index}``), unique within one request."""
     messages: list[Message] = [{"role": "user", "content": past.input}]
     if past.tools:
@@ -89,6 +93,8 @@ def past_turn_messages(past: PastTurn, position: int) -> list[Message]:
     output = past.output or ""
     if past.status is TurnStatus.INTERRUPTED:
         output = INTERRUPTED_WITH_OUTPUT + output if output else INTERRUPTED_NO_OUTPUT
+    elif past.status is TurnStatus.CANCELLED:
+        output = CANCELLED_WITH_OUTPUT + output if output else CANCELLED_NO_OUTPUT
     messages.append({"role": "assistant", "content": output})
     return messages
 

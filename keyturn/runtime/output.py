@@ -27,6 +27,7 @@ from keyturn.db.records import TurnRecord
 from keyturn.domain import EventType
 from keyturn.errors import DatabaseUnavailable, StaleLease
 from keyturn.runtime.bus import EventBus
+from keyturn.runtime.cancel import CancelSignal
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,15 @@ Record = Callable[[Delta], Awaitable[None]]
 
 
 class Output:
-    def __init__(self, *, record: Record | None = None, flush_interval_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        *,
+        record: Record | None = None,
+        flush_interval_s: float = 0.1,
+        cancel: CancelSignal | None = None,
+    ) -> None:
+        # Between two pieces of the stream is a safe point to stop at.
+        self._cancel = cancel
         self._parts: list[str] = []
         self._length = 0
         self._record = record
@@ -72,10 +81,33 @@ class Output:
             return None
         return Delta(self._index, "".join(self._pending))
 
+    def resume(self, text: str, *, next_index: int) -> None:
+        """A turn resumed from its record (after a decision on a tool call):
+        ``text`` is what its deltas already hold. New deltas number on from
+        ``next_index``, so that none starts the output afresh as a delta 0
+        does. Before anything is written."""
+        self._parts = [text] if text else []
+        self._length = len(text)
+        self._index = next_index
+
+    async def record_rest(self) -> None:
+        """After :meth:`flush`: record the text no delta holds yet, now, as a
+        turn that stops to wait for a decision must."""
+        rest = self.unrecorded
+        if rest is None or self._record is None:
+            return
+        await self._record(rest)
+        self._pending.clear()
+        self._index += 1
+
     async def write(self, text: str) -> None:
         """The model's ``emit``. Raises what stopped the recording (StaleLease:
-        the turn's lease passed on), which ends the model's work."""
+        the turn's lease passed on; CancelRequested: the turn's cancel was
+        asked for, and this piece is not part of its output), which ends the
+        model's work."""
         self._raise_failure()
+        if self._cancel is not None:
+            self._cancel.check()
         if not text:
             return
         self._parts.append(text)

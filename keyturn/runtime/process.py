@@ -18,11 +18,21 @@ from keyturn.db import reads as db_reads
 from keyturn.db.engine import Engine, asyncpg_dsn, connect, create_engine
 from keyturn.db.listener import Listener
 from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
-from keyturn.domain import History
+from keyturn.domain import History, Multitask, TurnStatus
 from keyturn.errors import ShuttingDown
 from keyturn.runtime import streams
 from keyturn.runtime.admission import Admission, AdmissionOutcome, admit_turn
+from keyturn.runtime.approval import (
+    ApprovalPolicy,
+    DecisionOutcome,
+    DecisionRequest,
+    DecisionResult,
+    PendingApproval,
+    decide,
+)
+from keyturn.runtime.approval import pending as pending_approvals
 from keyturn.runtime.bus import EventBus
+from keyturn.runtime.cancel import CancelOutcome, CancelRequest, CancelResult, cancel_turn
 from keyturn.runtime.crash import CrashHook
 from keyturn.runtime.deletion import (
     DeletionOutcome,
@@ -82,7 +92,7 @@ class Runtime:
         self.reads = Reads(engine)
         self.bus = EventBus(engine, poll_s=settings.subscription_poll_s)
         self.listener = Listener(
-            asyncpg_dsn(database_url), on_wake=self.bus.wake, on_reconnect=self.bus.wake_all
+            asyncpg_dsn(database_url), on_wake=self._news, on_reconnect=self.bus.wake_all
         )
         self.bus.broadcast = self.listener.wake
         # The synthetic tools' store has its own connections: its writes are
@@ -100,12 +110,17 @@ class Runtime:
         # join them at start, before any turn runs.
         self.tools = synthetic_tools(self.store_engine)
         self.tool_servers: McpServers | None = None
-        if settings.tools_file is not None:
+        tools_file = load_tools_file(settings.tools_file) if settings.tools_file else None
+        self.approval = ApprovalPolicy(
+            approve_unsafe=settings.approve_unsafe,
+            tools=tools_file.approvals if tools_file is not None else None,
+        )
+        if tools_file is not None:
             # Imported only when used: the SDK takes a while to import.
             from keyturn.runtime.mcp_tools import McpServers
 
             self.tool_servers = McpServers(
-                load_tools_file(settings.tools_file),
+                tools_file,
                 # A call waits this long for a server that is reconnecting.
                 ready_wait_s=min(10.0, settings.tool_timeout_s / 2),
             )
@@ -127,6 +142,7 @@ class Runtime:
             owner=self.owner,
             tools=self.tools,
             crash=CrashHook(settings.crash_at, after=settings.crash_after),
+            approval=self.approval,
         )
         self.supervisor = Supervisor()
         self.supervisor.add("worker", self.worker.run)
@@ -145,6 +161,12 @@ class Runtime:
         if self.sweeper.policy.prunes:
             self.supervisor.add("retention", self.sweeper.run_forever)
         self.accepting = False
+
+    def _news(self, session_id: uuid.UUID) -> None:
+        """Another process committed events of ``session_id``: subscribers
+        read them, and a turn of it running here learns of its cancel."""
+        self.bus.wake(session_id)
+        self.worker.news(session_id)
 
     def supervise(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
         """Run another long-lived task of this process under the same watch."""
@@ -199,10 +221,12 @@ class Runtime:
     # -- writes ------------------------------------------------------------
     # Every method a client reaches names the caller's tenant; sessions, turns
     # and events of another tenant are simply not found.
-    async def create_session(self, *, tenant: str, default_history: History) -> SessionRecord:
+    async def create_session(
+        self, *, tenant: str, default_history: History, multitask: Multitask = Multitask.ENQUEUE
+    ) -> SessionRecord:
         async with connect(self.engine) as conn:
             return await db_reads.create_session(
-                conn, tenant=tenant, default_history=default_history
+                conn, tenant=tenant, default_history=default_history, multitask=multitask
             )
 
     async def submit(self, request: TurnRequest, *, tenant: str) -> Admission:
@@ -218,6 +242,8 @@ class Runtime:
         )
         if admission.outcome is AdmissionOutcome.ACCEPTED:
             self.bus.committed(request.session_id)
+            if admission.cancelled:
+                self._cancelled(list(admission.cancelled))
             self.worker.wake()
         return admission
 
@@ -231,6 +257,41 @@ class Runtime:
             self.bus.committed(result.turn.session_id)
             self.worker.wake()
         return result
+
+    async def decide_tool_call(self, request: DecisionRequest, *, tenant: str) -> DecisionResult:
+        if not self.accepting:
+            raise ShuttingDown()
+        result = await decide(engine=self.engine, request=request, tenant=tenant)
+        if result.outcome is DecisionOutcome.ACCEPTED and result.turn is not None:
+            self.bus.committed(result.turn.session_id)
+            self.worker.wake()
+        return result
+
+    async def pending_approvals(
+        self, *, tenant: str, after: int, limit: int
+    ) -> tuple[list[PendingApproval], bool]:
+        return await pending_approvals(engine=self.engine, tenant=tenant, after=after, limit=limit)
+
+    async def cancel_turn(self, request: CancelRequest, *, tenant: str) -> CancelResult:
+        if not self.accepting:
+            raise ShuttingDown()
+        result = await cancel_turn(engine=self.engine, request=request, tenant=tenant)
+        if result.outcome is CancelOutcome.CANCELLED and result.turn is not None:
+            self._cancelled([result.turn])
+        elif result.turn is not None and result.turn.status is TurnStatus.CANCELLED:
+            # Perhaps ended just now (a turn that went on to wait after its
+            # cancel was asked for): its session's next turn may run.
+            self.bus.committed(result.turn.session_id)
+            self.worker.wake()
+        return result
+
+    def _cancelled(self, turns: list[TurnRecord]) -> None:
+        """Cancels were recorded: wake every process (the one running a turn
+        stops it), this one's worker (a queued turn's successor may run now)."""
+        for turn in turns:
+            self.bus.committed(turn.session_id)
+            self.worker.cancel_requested(turn.id)
+        self.worker.wake()
 
     async def delete_session(self, request: DeletionRequest, *, tenant: str) -> DeletionResult:
         if not self.accepting:

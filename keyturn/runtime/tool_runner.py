@@ -21,6 +21,13 @@ READ_ONLY or REPEATABLE, OUTCOME_UNKNOWN   run again under the retry's own key, 
 NOT_STARTED, no record                     run as any new call
 =========================================  ========================================
 
+A call that needs approval (:mod:`keyturn.runtime.approval`) is recorded as
+``tool.approval_requested`` before any intent, and the turn stops, WAITING.
+Once decided, the turn is claimed again and resumed from its record: the
+rounds already planned are not asked of the model again; their recorded
+results and refusals are its outcomes, and the round that waited goes on
+with the decided call (run when approved, its refusal when rejected).
+
 Each call may take ``tool_timeout_s`` (KEYTURN_TOOL_TIMEOUT_S). Past it a
 READ_ONLY call is recorded as an error result and the turn goes on; for any
 other kind the effect is unknown (the tool may still be at work), so the call
@@ -36,19 +43,23 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from keyturn.db import leases, reads
+from keyturn.db import approvals, leases, reads
 from keyturn.db import ledger as db
 from keyturn.db.engine import Engine, connect
-from keyturn.db.records import TurnRecord
-from keyturn.domain import EventType, ToolCallState, ToolKind
+from keyturn.db.records import EventRecord, TurnRecord
+from keyturn.domain import EventType, ToolCallState, ToolKind, TurnStatus
 from keyturn.errors import (
+    AwaitingApproval,
+    CancelRequested,
     DatabaseUnavailable,
     ModelError,
     StaleLease,
     ToolError,
     ToolOutcomeUnknown,
 )
+from keyturn.runtime.approval import ApprovalPolicy, Decided, ToolCallDecision, decisions, refusal
 from keyturn.runtime.bus import EventBus
+from keyturn.runtime.cancel import CancelSignal
 from keyturn.runtime.crash import CrashHook
 from keyturn.runtime.ledger import ToolCallView, effect_key, tool_calls
 from keyturn.runtime.model import Model, PastTurn, Round, ToolOutcome, ToolRequest
@@ -89,6 +100,94 @@ class _Plan:
             "effectKey": self.effect_key,
         }
 
+    def planned(self) -> dict[str, Any]:
+        """As ``tool.planned`` holds it: with the model's own name for the
+        call, which a resumed turn shows the model again."""
+        data = self.describe()
+        if self.request.call_id:
+            data["callId"] = self.request.call_id
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenRound:
+    """A recorded round whose calls are not all done: the one that waited."""
+
+    first: int  # its first call's index
+    requests: tuple[ToolRequest, ...]
+    text_start: int  # where its text starts in the output
+
+
+@dataclass(frozen=True, slots=True)
+class _Resumption:
+    """What a turn's record establishes when it is claimed after a decision."""
+
+    text: str = ""  # its deltas, concatenated
+    deltas: int = 0
+    rounds: tuple[Round, ...] = ()
+    open: _OpenRound | None = None
+    made: int = 0  # calls planned
+    known: dict[int, ToolOutcome] | None = None  # done calls' outcomes (results, refusals)
+    unknown: frozenset[int] = frozenset()  # calls with an intent and no result
+    decided: dict[int, Decided] | None = None
+
+
+def _resumption(events: list[EventRecord]) -> _Resumption:
+    """The rounds a turn's record holds since it last started afresh (a turn
+    handed back to the queue starts afresh). Empty unless it asked for approval."""
+    events = sorted(events, key=lambda e: e.seq)
+    released = [n for n, e in enumerate(events) if e.type == EventType.TURN_RELEASED]
+    if released:
+        events = events[released[-1] + 1 :]
+    if not any(e.type == EventType.TOOL_APPROVAL_REQUESTED for e in events):
+        return _Resumption()
+    deltas = [e for e in events if e.type == EventType.TURN_DELTA]
+    text = "".join(str(e.data.get("text", "")) for e in deltas)
+    views = {c.index: c for c in tool_calls(events)}
+    known: dict[int, ToolOutcome] = {}
+    rounds: list[Round] = []
+    open_round: _OpenRound | None = None
+    made, text_start = 0, 0
+    plans = sorted(
+        (e for e in events if e.type == EventType.TOOL_PLANNED),
+        key=lambda e: int(e.data["index"]),
+    )
+    for event in plans:
+        first = int(event.data["index"])
+        requests = tuple(
+            ToolRequest(str(c["tool"]), dict(c.get("arguments", {})), str(c.get("callId", "")))
+            for c in event.data.get("calls", [])
+        )
+        outcomes: list[ToolOutcome] = []
+        for n, request in enumerate(requests):
+            view = views.get(first + n)
+            if (
+                view is None
+                or view.result is None
+                or view.state
+                not in (
+                    ToolCallState.COMPLETED,
+                    ToolCallState.REJECTED,
+                )
+            ):
+                continue
+            outcome = ToolOutcome(
+                first + n, request.tool, request.arguments, view.result, request.call_id
+            )
+            known[first + n] = outcome
+            outcomes.append(outcome)
+        end = int(event.data.get("outputChars", len(text)))
+        if len(outcomes) == len(requests) and open_round is None:
+            rounds.append(Round(text[text_start:end], tuple(outcomes)))
+        elif open_round is None:
+            open_round = _OpenRound(first, requests, text_start)
+        text_start = end
+        made = first + len(requests)
+    unknown = frozenset(i for i, v in views.items() if v.state is ToolCallState.OUTCOME_UNKNOWN)
+    return _Resumption(
+        text, len(deltas), tuple(rounds), open_round, made, known, unknown, decisions(events)
+    )
+
 
 class ToolRunner:
     """Runs one turn's model with its tool calls, writing the ledger."""
@@ -106,7 +205,9 @@ class ToolRunner:
         question_timeout_s: float = RECONCILE_QUESTION_TIMEOUT_S,
         max_rounds: int = DEFAULT_MAX_TOOL_ROUNDS,
         tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+        approval: ApprovalPolicy | None = None,
     ) -> None:
+        self.approval = approval or ApprovalPolicy()
         self.tool_timeout_s = tool_timeout_s
         self.max_rounds = max_rounds
         self.engine = engine
@@ -117,50 +218,154 @@ class ToolRunner:
         self.lease_ttl_s = lease_ttl_s
         self.owner = owner
         self.question_timeout_s = question_timeout_s
+        # The cancel signals of the turns running now (the worker keeps them).
+        self.cancels: dict[uuid.UUID, CancelSignal] = {}
 
     # -- running -----------------------------------------------------------
     async def produce(self, turn: TurnRecord, past: list[PastTurn], output: Output) -> str:
         """Run the model round by round, its text into ``output`` and its
         calls through the ledger; the turn's output once the reply is done."""
         previous = await self._previous_calls(turn)
-        rounds: list[Round] = []
+        record = await self._resumed(turn)
+        rounds: list[Round] = list(record.rounds)
+        if record.text:
+            output.resume(record.text, next_index=record.deltas)
         offered = self.tools.specs()
-        made = 0
+        made = record.made
+        waited = record.open
         while True:
-            start = output.length
-            requests = await self.model.step(
-                input=turn.input,
-                mode=turn.history,
-                history=past,
-                rounds=rounds,
-                tools=offered,
-                emit=output.write,
-            )
-            if not requests:
-                break
-            if len(rounds) >= self.max_rounds:
-                raise ModelError(
-                    f"the model was still asking for tools after {self.max_rounds} rounds"
-                    " (KEYTURN_MAX_TOOL_ROUNDS)"
+            if waited is not None:
+                # The round that waited for a decision: planned already.
+                start, first, requests = waited.text_start, waited.first, list(waited.requests)
+                plans = [
+                    self._plan(turn, first + n, request, previous)
+                    for n, request in enumerate(requests)
+                ]
+                waited = None
+            else:
+                start = output.length
+                requests = await self.model.step(
+                    input=turn.input,
+                    mode=turn.history,
+                    history=past,
+                    rounds=rounds,
+                    tools=offered,
+                    emit=output.write,
                 )
-            if made + len(requests) > MAX_TOOL_CALLS:
-                raise ModelError(f"the model asked for more than {MAX_TOOL_CALLS} tool calls")
-            plans = [
-                self._plan(turn, made + n, request, previous) for n, request in enumerate(requests)
-            ]
-            # Keyed by its first call's index and the epoch (the ledger's
-            # unique index), so a retried append cannot plan twice.
-            planned = {
-                "index": made,
-                "epoch": turn.epoch,
-                "calls": [p.describe() for p in plans],
-            }
-            await self._append(turn, EventType.TOOL_PLANNED, planned)
-            outcomes = [await self._call(turn, plan) for plan in plans]
-            made += len(outcomes)
+                if not requests:
+                    break
+                if len(rounds) >= self.max_rounds:
+                    raise ModelError(
+                        f"the model was still asking for tools after {self.max_rounds} rounds"
+                        " (KEYTURN_MAX_TOOL_ROUNDS)"
+                    )
+                if made + len(requests) > MAX_TOOL_CALLS:
+                    raise ModelError(f"the model asked for more than {MAX_TOOL_CALLS} tool calls")
+                plans = [
+                    self._plan(turn, made + n, request, previous)
+                    for n, request in enumerate(requests)
+                ]
+                # Keyed by its first call's index and the epoch (the ledger's
+                # unique index), so a retried append cannot plan twice. The
+                # output's length then says where the round's text ends, for
+                # a turn resumed from its record.
+                planned = {
+                    "index": made,
+                    "epoch": turn.epoch,
+                    "outputChars": output.length,
+                    "calls": [p.planned() for p in plans],
+                }
+                await self._append(turn, EventType.TOOL_PLANNED, planned)
+                made += len(plans)
+            outcomes = [await self._decided_call(turn, plan, record, output) for plan in plans]
             rounds.append(Round(output.text[start:], tuple(outcomes)))
         await output.flush()
         return output.text
+
+    async def _resumed(self, turn: TurnRecord) -> _Resumption:
+        if turn.epoch <= 1:
+            return _Resumption()  # a first claim: nothing to resume
+        async with connect(self.engine) as conn:
+            return _resumption(await reads.turn_events(conn, turn_id=turn.id))
+
+    async def _decided_call(
+        self, turn: TurnRecord, plan: _Plan, record: _Resumption, output: Output
+    ) -> ToolOutcome:
+        """The call's outcome: recorded already (a resumed turn), refused,
+        run, or, when it needs a decision nobody has made, the turn waits."""
+        known = (record.known or {}).get(plan.index)
+        if known is not None:
+            return known
+        if plan.index in record.unknown:
+            # An intent without a result: running it again could repeat it.
+            raise ToolOutcomeUnknown()
+        decided = (record.decided or {}).get(plan.index)
+        if decided is None and plan.reuse is None:
+            if self.approval.requires(plan.request.tool, plan.kind):
+                cancel = self.cancels.get(turn.id)
+                if cancel is not None:
+                    cancel.check()  # a turn asked to stop does not start waiting
+                await self._wait(turn, plan, output)
+        if decided is not None and decided.decision is ToolCallDecision.REJECT:
+            return ToolOutcome(
+                plan.index,
+                plan.request.tool,
+                plan.request.arguments,
+                decided.result or refusal(""),
+                plan.request.call_id,
+            )
+        return await self._call(turn, plan)
+
+    async def _wait(self, turn: TurnRecord, plan: _Plan, output: Output) -> None:
+        """Record ``tool.approval_requested``, releasing the lease in the same
+        statement; raises AwaitingApproval once the turn is WAITING. The text
+        streamed so far is recorded first: the turn resumes from its record."""
+        cancel = self.cancels.get(turn.id)
+        if cancel is not None:
+            cancel.check()  # a safe point: a cancelled turn does not start to wait
+        await output.flush()
+        await output.record_rest()
+        data = {**plan.describe(), "epoch": turn.epoch}
+        deadline = asyncio.get_running_loop().time() + self.lease_ttl_s
+        while True:
+            try:
+                async with connect(self.engine) as conn:
+                    done = await approvals.request(
+                        conn, turn_id=turn.id, epoch=turn.epoch, data=data
+                    )
+                    if not done:
+                        # Its own earlier attempt, whose commit answer was lost?
+                        now = await approvals.turn(conn, turn_id=turn.id)
+                        done = (
+                            now is not None
+                            and now.status is TurnStatus.WAITING
+                            and now.epoch == turn.epoch
+                        )
+                        if (
+                            now is not None
+                            and now.status is TurnStatus.RUNNING
+                            and now.epoch == turn.epoch
+                            and now.cancel_requested_at is not None
+                        ):
+                            # Its cancel came first: stop here, as at any safe point.
+                            raise CancelRequested()
+                        if not done:
+                            await leases.record_refused_write(
+                                conn,
+                                turn_id=turn.id,
+                                epoch=turn.epoch,
+                                attempted=EventType.TOOL_APPROVAL_REQUESTED,
+                                by=self.owner,
+                            )
+                break
+            except DatabaseUnavailable:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        self.bus.committed(turn.session_id)
+        if not done:
+            raise StaleLease()
+        raise AwaitingApproval()
 
     async def _previous_calls(self, turn: TurnRecord) -> dict[int, ToolCallView]:
         """The interrupted turn's calls, a retry's to reuse, with every unknown
@@ -242,6 +447,9 @@ class ToolRunner:
             )
 
         tool = self.tools.get(plan.request.tool)
+        cancel = self.cancels.get(turn.id)
+        if cancel is not None:
+            cancel.check()  # before an intent: the last safe point of a call
         await self.crash.point("before_intent", plan.index)
         intent = {**data, "epoch": turn.epoch}
         if plan.previous is not None:
@@ -251,6 +459,8 @@ class ToolRunner:
                 "state": plan.previous.state,
             }
         await self._append(turn, EventType.TOOL_INTENT, intent)
+        if cancel is not None:
+            cancel.in_flight = plan.index  # from here to its result, no cancel stops it
         await self.crash.point("after_intent", plan.index)
         if tool is None:
             result: dict[str, Any] = {"error": f"no tool named {plan.request.tool!r}"}
@@ -278,6 +488,8 @@ class ToolRunner:
         await self._append(
             turn, EventType.TOOL_RESULT, {**data, "result": result, "epoch": turn.epoch}
         )
+        if cancel is not None:
+            cancel.in_flight = None
         await self.crash.point("after_result", plan.index)
         return ToolOutcome(
             plan.index, plan.request.tool, plan.request.arguments, result, plan.request.call_id

@@ -19,6 +19,10 @@ and what to believe about their tools.
     kind = "IDEMPOTENT"
     key_argument = "key"
     applied_tool = "files__was_applied"
+    approve = true                       # each call waits for decideToolCall
+
+    [tools."synthetic_append"]           # any tool offered, builtin or Python:
+    approve = false                      # approve alone (over KEYTURN_APPROVE_UNSAFE)
 
 Read once, at start, and checked strictly: any mistake is one line naming the
 file and the key. Header and environment values are secrets; they are never
@@ -40,7 +44,7 @@ from keyturn.errors import ToolsFileError
 SEPARATOR = "__"
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$")
 _SERVER_KEYS = {"command", "env", "cwd", "url", "headers"}
-_OVERRIDE_KEYS = {"kind", "key_argument", "applied_tool"}
+_OVERRIDE_KEYS = {"kind", "key_argument", "applied_tool", "approve"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,8 @@ class ToolsFile:
     path: Path
     servers: tuple[ServerConfig, ...]
     overrides: dict[str, ToolOverride]
+    # Tools whose calls wait for a decision (True) or never do (False).
+    approvals: dict[str, bool] = field(default_factory=dict)
 
     def problem(self, key: str, message: str) -> ToolsFileError:
         return _problem(self.path, key, message)
@@ -107,8 +113,19 @@ def parse(path: Path, raw: dict[str, Any]) -> ToolsFile:
     servers = tuple(_server(path, name, value) for name, value in servers_raw.items())
     names = {s.name for s in servers}
     overrides_raw = _table(path, raw.get("tools", {}), "tools")
-    overrides = {name: _override(path, name, value, names) for name, value in overrides_raw.items()}
-    return ToolsFile(path, servers, overrides)
+    approvals: dict[str, bool] = {}
+    overrides: dict[str, ToolOverride] = {}
+    for name, value in overrides_raw.items():
+        table = _table(path, value, f'tools."{name}"')
+        if "approve" in table:
+            if not isinstance(table["approve"], bool):
+                raise _problem(path, f'tools."{name}".approve', "must be true or false")
+            approvals[name] = table["approve"]
+        # ``approve`` alone names any tool offered; a kind only a server's.
+        rest = {k: v for k, v in table.items() if k != "approve"}
+        if rest or "approve" not in table:
+            overrides[name] = _override(path, name, rest, names)
+    return ToolsFile(path, servers, overrides, approvals)
 
 
 def _table(path: Path, value: Any, key: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import unicodedata
 import uuid
 from dataclasses import dataclass
 
-from keyturn.domain import History
+from keyturn.domain import History, Multitask
 from keyturn.errors import InvalidRequest
 
 MAX_KEY_CHARS = 255
@@ -58,27 +58,38 @@ def check_input(text: str) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
-    """A submission as the client sent it; ``history`` None means "the session's default"."""
+    """A submission as the client sent it; ``history`` and ``multitask`` None
+    mean "the session's setting"."""
 
     session_id: uuid.UUID
     idempotency_key: str
     input: str
     history: History | None
+    multitask: Multitask | None = None
 
     @classmethod
     def parse(
-        cls, *, session_id: str, idempotency_key: str, input: str, history: History | None
+        cls,
+        *,
+        session_id: str,
+        idempotency_key: str,
+        input: str,
+        history: History | None,
+        multitask: Multitask | None = None,
     ) -> TurnRequest:
         sid = parse_uuid(session_id, field="sessionId")
         check_key(idempotency_key)
         check_input(input)
-        return cls(sid, idempotency_key, input, history)
+        return cls(sid, idempotency_key, input, history, multitask)
 
     def effective_history(self, default: History) -> History:
         return self.history if self.history is not None else default
 
+    def effective_multitask(self, default: Multitask) -> Multitask:
+        return self.multitask if self.multitask is not None else default
 
-def fingerprint(*, input: str, history: History) -> str:
+
+def fingerprint(*, input: str, history: History, multitask: Multitask = Multitask.ENQUEUE) -> str:
     """Hash of the effective request. The input's exact UTF-8 bytes go in:
     no trimming, no Unicode normalisation, so any byte of difference is a
     different request."""
@@ -87,4 +98,10 @@ def fingerprint(*, input: str, history: History) -> str:
     digest.update(history.value.encode())
     digest.update(b"\x00")
     digest.update(input.encode("utf-8"))
+    # The policy goes in only when it is not ENQUEUE, the behaviour every key
+    # admitted before there was a policy had: their fingerprints stay as they
+    # were, so those keys still replay.
+    if multitask is not Multitask.ENQUEUE:
+        digest.update(b"\x00multitask\x00")
+        digest.update(multitask.value.encode())
     return digest.hexdigest()

@@ -18,13 +18,23 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-from keyturn.db import deltas, leases
+from keyturn.db import cancels, deltas, leases, reads
 from keyturn.db.engine import Engine, connect
 from keyturn.db.records import TurnRecord
 from keyturn.domain import EventType, History, TurnStatus
-from keyturn.errors import DatabaseUnavailable, ModelError, StaleLease, ToolOutcomeUnknown
+from keyturn.errors import (
+    AwaitingApproval,
+    CancelRequested,
+    DatabaseUnavailable,
+    ModelError,
+    StaleLease,
+    ToolOutcomeUnknown,
+)
+from keyturn.runtime.approval import ApprovalPolicy
 from keyturn.runtime.bus import EventBus
+from keyturn.runtime.cancel import CancelSignal
 from keyturn.runtime.crash import CrashHook
+from keyturn.runtime.ledger import tool_calls
 from keyturn.runtime.model import Model, PastTurn, ToolOutcome
 from keyturn.runtime.output import DeltaRecorder, Output
 from keyturn.runtime.tool_runner import ToolRunner
@@ -36,6 +46,7 @@ log = logging.getLogger(__name__)
 _END_EVENT = {
     TurnStatus.COMPLETED: EventType.TURN_COMPLETED,
     TurnStatus.FAILED: EventType.TURN_FAILED,
+    TurnStatus.CANCELLED: EventType.TURN_CANCELLED,
 }
 
 
@@ -53,6 +64,8 @@ class _Running:
     turn: TurnRecord
     task: asyncio.Task[None] | None = None
     lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    cancel: CancelSignal = field(default_factory=CancelSignal)
+    checking_cancel: bool = False  # a read of the turn's cancel is under way
     # The turn ended in the record (finished or handed back), not left to its lease.
     ended: bool = False
 
@@ -83,6 +96,7 @@ class Worker:
         owner: str,
         tools: Tools | None = None,
         crash: CrashHook | None = None,
+        approval: ApprovalPolicy | None = None,
     ) -> None:
         self.engine = engine
         self.model = model
@@ -100,6 +114,7 @@ class Worker:
             owner=owner,
             max_rounds=settings.max_tool_rounds,
             tool_timeout_s=settings.tool_timeout_s,
+            approval=approval,
         )
         # Settling runs beside the claim loop, never in it: a slow tool answer
         # must not keep other sessions' turns queued.
@@ -110,6 +125,7 @@ class Worker:
         self._started: set[tuple[uuid.UUID, int]] = set()
         self._claim_unknown = False
         self._running: dict[uuid.UUID, _Running] = {}
+        self._cancel_checks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._stopping = False
         self.claimed = 0
@@ -121,6 +137,41 @@ class Worker:
 
     def wake(self) -> None:
         self._wake.set()
+
+    # -- cancels -----------------------------------------------------------
+    def cancel_requested(self, turn_id: uuid.UUID) -> None:
+        """This process recorded the cancel of ``turn_id``: if it runs here,
+        its next safe point stops it."""
+        running = self._running.get(turn_id)
+        if running is not None:
+            running.cancel.request(None)
+
+    def news(self, session_id: uuid.UUID) -> None:
+        """Another process committed events of ``session_id`` (a NOTIFY):
+        a turn of it running here reads whether its cancel was asked for.
+        The lease renewal asks too, should the wake-up be missed."""
+        for running in self._running.values():
+            if running.turn.session_id == session_id:
+                self._check_cancel(running)
+
+    def _check_cancel(self, running: _Running) -> None:
+        if running.cancel.requested or running.checking_cancel:
+            return
+        running.checking_cancel = True
+        task = asyncio.create_task(self._read_cancel(running), name="keyturn-cancel-check")
+        self._cancel_checks.add(task)
+        task.add_done_callback(self._cancel_checks.discard)
+
+    async def _read_cancel(self, running: _Running) -> None:
+        try:
+            async with connect(self.engine) as conn:
+                found = await cancels.requested(conn, turn_id=running.turn.id)
+        except DatabaseUnavailable:
+            return  # the next renewal asks again
+        finally:
+            running.checking_cancel = False
+        if found is not None:
+            running.cancel.request(found.reason)
 
     def drain(self) -> None:
         """Claim nothing more; turns already running go on."""
@@ -265,6 +316,10 @@ class Worker:
         self.bus.committed(turn.session_id)
         running = _Running(turn)
         self._running[turn.id] = running
+        self.runner.cancels[turn.id] = running.cancel
+        if turn.cancel_requested_at is not None:
+            # Asked while it waited, or while a claim's answer was lost.
+            running.cancel.request(turn.cancel_reason)
         self._started.add((turn.id, turn.epoch))
         running.task = asyncio.create_task(self._execute(running), name=f"keyturn-turn-{turn.id}")
 
@@ -297,6 +352,7 @@ class Worker:
                 lease_ttl_s=self.settings.lease_ttl_s,
             ),
             flush_interval_s=self.settings.delta_flush_s,
+            cancel=running.cancel,
         )
         try:
             model_task = asyncio.create_task(self._reply(turn, output))
@@ -314,6 +370,14 @@ class Worker:
                 return
             try:
                 text = model_task.result()
+            except AwaitingApproval:
+                # WAITING in the record, its lease released: this process's
+                # part in the turn is over until a decision requeues it.
+                log.info("turn %s: waiting for a decision on a tool call", turn.id)
+                running.ended = True
+                return
+            except CancelRequested:
+                running.ended = await self._finish_cancelled(turn, running.cancel, output)
             except (StaleLease, ToolOutcomeUnknown, DatabaseUnavailable) as error:
                 # The ledger or a delta was refused, a tool's effect is
                 # unknown, or the database stayed away longer than the lease
@@ -341,6 +405,7 @@ class Worker:
             if running.ended:
                 self._started.discard((turn.id, turn.epoch))
             self._running.pop(turn.id, None)
+            self.runner.cancels.pop(turn.id, None)
             self._wake.set()
 
     async def _reply(self, turn: TurnRecord, output: Output) -> str:
@@ -403,11 +468,44 @@ class Worker:
             if not ok:
                 running.lease_lost.set()
                 return
+            if ok.cancel_requested:
+                self._check_cancel(running)
             deadline = sent + self.settings.lease_ttl_s
             delay = self.settings.lease_renew_s
 
+    async def _finish_cancelled(
+        self, turn: TurnRecord, signal: CancelSignal, produced: Output
+    ) -> bool:
+        """CANCELLED at a safe point, with the output so far and the state of
+        every tool call the record holds (a call in flight when the cancel
+        arrived has finished: its result is in the record)."""
+        try:
+            async with connect(self.engine) as conn:
+                found = await cancels.requested(conn, turn_id=turn.id)
+                events = await reads.turn_events(conn, turn_id=turn.id)
+        except DatabaseUnavailable:
+            log.warning("turn %s: could not read it to record its cancel", turn.id)
+            return False
+        calls = [
+            {"index": c.index, "tool": c.tool, "state": c.state, "result": c.result}
+            for c in tool_calls(events)
+        ]
+        extra: dict[str, object] = {
+            "reason": found.reason if found is not None else signal.reason,
+            "idempotencyKey": found.key if found is not None else None,
+            "toolCalls": calls,
+            "inFlightCall": signal.arrived_during,
+        }
+        log.info("turn %s: cancelled at a safe point", turn.id)
+        return await self._finish(turn, TurnStatus.CANCELLED, "", produced, extra)
+
     async def _finish(
-        self, turn: TurnRecord, status: TurnStatus, text: str, produced: Output
+        self,
+        turn: TurnRecord,
+        status: TurnStatus,
+        text: str,
+        produced: Output,
+        extra: dict[str, object] | None = None,
     ) -> bool:
         """COMPLETED with ``text`` as the output, or FAILED with it as the error
         (keeping what the model streamed before it failed). The text not yet
@@ -425,14 +523,20 @@ class Worker:
             else None
         )
         event_type = _END_EVENT[status]
-        output, error = (
-            (text, None) if status is TurnStatus.COMPLETED else (produced.text or None, text)
-        )
-        data: dict[str, object] = {"status": status, "epoch": turn.epoch}
+        output: str | None
+        error: str | None
         if status is TurnStatus.COMPLETED:
+            output, error = text, None
+        elif status is TurnStatus.CANCELLED:
+            output, error = produced.text or None, None
+        else:
+            output, error = produced.text or None, text
+        data: dict[str, object] = {"status": status, "epoch": turn.epoch}
+        if status in (TurnStatus.COMPLETED, TurnStatus.CANCELLED):
             data["output"] = output
         if error is not None:
             data["error"] = error
+        data.update(extra or {})
         # Retry through a database outage for as long as the lease could hold.
         deadline = asyncio.get_running_loop().time() + self.settings.lease_ttl_s
         refused = False

@@ -51,9 +51,15 @@ LARGE_WEIGHT = 10
 LARGE_FIELDS = frozenset(
     {("Turn", "input"), ("Turn", "output"), ("Event", "data")}
     | {("ToolCall", "arguments"), ("ToolCall", "result")}
+    | {("PendingApprovalCall", "arguments")}
 )
 # The page a connection field returns when it is given no first or last.
-DEFAULT_PAGE = {("Query", "sessions"): 20, ("Session", "turns"): 20, ("Session", "events"): 100}
+DEFAULT_PAGE = {
+    ("Query", "sessions"): 20,
+    ("Query", "pendingApprovals"): 20,
+    ("Session", "turns"): 20,
+    ("Session", "events"): 100,
+}
 # Plain lists: how long they are taken to be.
 LIST_ESTIMATE = {("Turn", "events"): 20, ("Turn", "toolCalls"): 10}
 

@@ -8,7 +8,7 @@ import strawberry
 
 from keyturn.runtime.deletion import DeletionOutcome, DeletionResult
 from keyturn.schema.enums import ErrorCode
-from keyturn.schema.results import InvalidInput, SessionNotFound, UserError
+from keyturn.schema.results import InvalidInput, SessionBusy, SessionNotFound, UserError
 
 
 @strawberry.input
@@ -39,14 +39,6 @@ class DeletionKeyConflict(UserError):
     existing_session_id: strawberry.ID = strawberry.field(
         description="The session this key deleted."
     )
-
-
-@strawberry.type(
-    description="A turn of the session is RUNNING: nothing was deleted; try again once it ends."
-)
-class SessionBusy(UserError):
-    session_id: strawberry.ID
-    turn_id: strawberry.ID
 
 
 DeleteSessionResult = Annotated[

@@ -7,7 +7,14 @@ from enum import Enum
 
 import strawberry
 
-from keyturn.domain import History, ResolutionAction, ToolCallState, ToolKind, TurnStatus
+from keyturn.domain import (
+    History,
+    Multitask,
+    ResolutionAction,
+    ToolCallState,
+    ToolKind,
+    TurnStatus,
+)
 
 # Registered, not mirrored: a value added to the domain is in the schema (and
 # the committed SDL snapshot's drift test says so).
@@ -20,6 +27,11 @@ strawberry.enum(
     description="What the tool ledger establishes about one call.",
 )
 strawberry.enum(ResolutionAction, name="ResolutionAction")
+strawberry.enum(
+    Multitask,
+    name="Multitask",
+    description="What a submission does while its session has a turn queued or running.",
+)
 
 
 @strawberry.enum
@@ -33,6 +45,18 @@ class ErrorCode(Enum):
     UNSAFE_RETRY_REFUSED = "UNSAFE_RETRY_REFUSED"
     KEY_EXPIRED = "KEY_EXPIRED"
     SESSION_BUSY = "SESSION_BUSY"
+    TURN_NOT_CANCELLABLE = "TURN_NOT_CANCELLABLE"
+    TURN_ALREADY_CANCELLED = "TURN_ALREADY_CANCELLED"
+    TOOL_CALL_ALREADY_DECIDED = "TOOL_CALL_ALREADY_DECIDED"
+    TOOL_CALL_NOT_AWAITING_APPROVAL = "TOOL_CALL_NOT_AWAITING_APPROVAL"
 
 
-__all__ = ["ErrorCode", "History", "ResolutionAction", "ToolCallState", "ToolKind", "TurnStatus"]
+__all__ = [
+    "ErrorCode",
+    "History",
+    "Multitask",
+    "ResolutionAction",
+    "ToolCallState",
+    "ToolKind",
+    "TurnStatus",
+]

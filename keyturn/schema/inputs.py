@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import strawberry
 
-from keyturn.schema.enums import History
+from keyturn.schema.enums import History, Multitask
 
 
 @strawberry.input
 class CreateSessionInput:
     default_history: History | None = History.FULL
+    multitask: Multitask | None = strawberry.field(
+        default=Multitask.ENQUEUE,
+        description="What a submission does while a turn of the session is queued or running "
+        "(a submission may say otherwise for itself).",
+    )
 
 
 @strawberry.input
@@ -22,4 +27,9 @@ class SubmitTurnInput:
     input: str
     history: History | None = strawberry.field(
         default=None, description="Omitted: the session's defaultHistory."
+    )
+    multitask: Multitask | None = strawberry.field(
+        default=None,
+        description="What to do if a turn of the session is queued or running. Omitted: the "
+        "session's multitask. Part of the request a key names.",
     )

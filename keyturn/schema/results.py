@@ -65,8 +65,24 @@ class InvalidInput(UserError):
     field: str
 
 
+@strawberry.type(
+    description="A turn of the session is queued or running: nothing was written (deleteSession "
+    "refuses while one runs; submitTurn with multitask REJECT while one is queued or running). "
+    "Try again once it ends."
+)
+class SessionBusy(UserError):
+    session_id: strawberry.ID
+    turn_id: strawberry.ID = strawberry.field(description="The turn that keeps the session busy.")
+
+
 SubmitTurnResult = Annotated[
-    TurnAccepted | TurnReplayed | IdempotencyConflict | SessionNotFound | InvalidInput | KeyExpired,
+    TurnAccepted
+    | TurnReplayed
+    | IdempotencyConflict
+    | SessionNotFound
+    | InvalidInput
+    | KeyExpired
+    | SessionBusy,
     strawberry.union("SubmitTurnResult"),
 ]
 
@@ -77,15 +93,28 @@ def from_admission(admission: Admission, *, session_id: str, key: str) -> Submit
         return TurnAccepted(turn=Turn.from_record(turn), replayed=False)
     if admission.outcome is AdmissionOutcome.REPLAYED and turn is not None:
         return TurnReplayed(turn=Turn.from_record(turn), replayed=True)
-    if admission.outcome is AdmissionOutcome.CONFLICT and turn is not None:
+    existing = turn.id if turn is not None else admission.conflicting_turn_id
+    if admission.outcome is AdmissionOutcome.CONFLICT and existing is not None:
         return IdempotencyConflict(
             code=ErrorCode.IDEMPOTENCY_CONFLICT,
             message=(
                 "this idempotency key already names a different request in this session "
-                f"(turn {turn.id}); use a new key for a new turn"
+                f"(turn {existing}); use a new key for a new turn"
             ),
             idempotency_key=key,
-            existing_turn_id=strawberry.ID(str(turn.id)),
+            existing_turn_id=strawberry.ID(str(existing)),
+        )
+    if admission.outcome is AdmissionOutcome.BUSY and admission.busy_turn_id is not None:
+        busy = admission.busy_turn_id
+        return SessionBusy(
+            code=ErrorCode.SESSION_BUSY,
+            message=(
+                f"session {session_id} has a queued or running turn ({busy}) and the "
+                "submission's multitask is REJECT; nothing was written. Submit again once it "
+                "has ended"
+            ),
+            session_id=strawberry.ID(session_id),
+            turn_id=strawberry.ID(str(busy)),
         )
     if admission.outcome is AdmissionOutcome.EXPIRED and admission.expiry is not None:
         expiry = admission.expiry

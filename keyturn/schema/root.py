@@ -10,10 +10,27 @@ from collections.abc import AsyncGenerator
 
 import strawberry
 
-from keyturn.resolvers import nodes, policy, resolutions, sessions, streams, tools, turns
+from keyturn.resolvers import (
+    approvals,
+    cancels,
+    nodes,
+    policy,
+    resolutions,
+    sessions,
+    streams,
+    tools,
+    turns,
+)
+from keyturn.schema.approval import (
+    DecideToolCallInput,
+    DecideToolCallResult,
+    PendingApprovalConnection,
+    from_decision,
+)
+from keyturn.schema.cancel import CancelTurnInput, CancelTurnResult, from_cancel
 from keyturn.schema.context import Info
 from keyturn.schema.deletion import DeleteSessionInput, DeleteSessionResult, from_deletion
-from keyturn.schema.enums import History
+from keyturn.schema.enums import History, Multitask
 from keyturn.schema.errors import answers_invalid_input
 from keyturn.schema.inputs import CreateSessionInput, SubmitTurnInput
 from keyturn.schema.policy import ServerPolicy
@@ -72,14 +89,30 @@ class Query:
     def tools(self, info: Info) -> list[ToolInfo]:
         return [ToolInfo.from_info(t) for t in tools.list_tools(info.context)]
 
+    @strawberry.field(  # type: ignore[untyped-decorator]
+        description="Tool calls of the caller's turns that wait for decideToolCall, oldest "
+        "request first."
+    )
+    async def pending_approvals(
+        self, info: Info, first: int | None = 20, after: str | None = None
+    ) -> PendingApprovalConnection:
+        page = await approvals.pending_approvals(
+            info.context, first=20 if first is None else first, after=after
+        )
+        return PendingApprovalConnection.from_page(page)
+
 
 @strawberry.type
 class Mutation:
     @strawberry.mutation
     async def create_session(self, info: Info, input: CreateSessionInput | None = None) -> Session:
-        default = (input or CreateSessionInput()).default_history or History.FULL
+        given = input or CreateSessionInput()
         return Session.from_record(
-            await sessions.create_session(info.context, default_history=default)
+            await sessions.create_session(
+                info.context,
+                default_history=given.default_history or History.FULL,
+                multitask=given.multitask or Multitask.ENQUEUE,
+            )
         )
 
     @strawberry.mutation(  # type: ignore[untyped-decorator]
@@ -102,6 +135,7 @@ class Mutation:
             idempotency_key=input.idempotency_key,
             input=input.input,
             history=input.history,
+            multitask=input.multitask,
         )
         return from_admission(
             admission, session_id=str(input.session_id), key=input.idempotency_key
@@ -126,6 +160,39 @@ class Mutation:
             result, turn_id=str(input.turn_id), key=input.idempotency_key, action=input.action
         )
 
+    @strawberry.mutation(  # type: ignore[untyped-decorator]
+        description="Cancel a turn: a QUEUED or WAITING one ends at once (CANCELLED); a "
+        "RUNNING one is stopped by its process at the next safe point, with its output so far. "
+        "Idempotent under its key."
+    )
+    @answers_invalid_input
+    async def cancel_turn(self, info: Info, input: CancelTurnInput) -> CancelTurnResult:
+        result = await cancels.cancel_turn(
+            info.context,
+            turn_id=str(input.turn_id),
+            idempotency_key=input.idempotency_key,
+            reason=input.reason,
+        )
+        return from_cancel(result, turn_id=str(input.turn_id), key=input.idempotency_key)
+
+    @strawberry.mutation(  # type: ignore[untyped-decorator]
+        description="Decide a tool call that waits for approval: APPROVE runs it, REJECT "
+        "refuses it (the model is told). The turn then resumes. Idempotent under its key."
+    )
+    @answers_invalid_input
+    async def decide_tool_call(
+        self, info: Info, input: DecideToolCallInput
+    ) -> DecideToolCallResult:
+        result = await approvals.decide_tool_call(
+            info.context,
+            turn_id=str(input.turn_id),
+            index=input.index,
+            decision=input.decision,
+            idempotency_key=input.idempotency_key,
+            note=input.note,
+        )
+        return from_decision(result, turn_id=str(input.turn_id), key=input.idempotency_key)
+
 
 @strawberry.type
 class Subscription:
@@ -139,7 +206,7 @@ class Subscription:
     @strawberry.subscription(  # type: ignore[untyped-decorator]
         description="The turn's events with seq > afterSeq, from the record, then live, in "
         "seq order with no gap and no duplicate; completes after its terminal event "
-        "(turn.completed, turn.failed or turn.interrupted)."
+        "(turn.completed, turn.failed, turn.interrupted or turn.cancelled)."
     )
     async def turn_events(
         self, info: Info, turn_id: strawberry.ID, after_seq: int | None = 0

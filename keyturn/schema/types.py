@@ -17,7 +17,7 @@ from keyturn.resolvers import turns as turn_resolvers
 from keyturn.resolvers.pagination import Page
 from keyturn.schema.budget import large
 from keyturn.schema.context import Info
-from keyturn.schema.enums import History, TurnStatus
+from keyturn.schema.enums import History, Multitask, TurnStatus
 from keyturn.schema.tool_calls import ToolCall
 
 
@@ -118,6 +118,14 @@ class Turn(Node):
     retry_of: strawberry.ID | None = strawberry.field(
         description="The interrupted turn this one retries (resolveInterruptedTurn RETRY)."
     )
+    cancel_requested: bool = strawberry.field(
+        description="A cancel was asked for (cancelTurn, or a later submission's multitask "
+        "INTERRUPT): the turn is CANCELLED, or its process stops it at the next safe point "
+        "(it may still end otherwise, if it got there first)."
+    )
+    cancel_reason: str | None = strawberry.field(
+        description="Why it was cancelled, as the cancel said.", extensions=large()
+    )
     _record: strawberry.Private[TurnRecord]
 
     @classmethod
@@ -137,6 +145,8 @@ class Turn(Node):
             epoch=t.epoch,
             owner=t.owner,
             retry_of=strawberry.ID(str(t.retry_of)) if t.retry_of is not None else None,
+            cancel_requested=t.cancel_requested_at is not None,
+            cancel_reason=t.cancel_reason,
             _record=t,
         )
 
@@ -176,6 +186,9 @@ class Session(Node):
     id: strawberry.ID = strawberry.field(description="A UUID.")
     created_at: datetime
     default_history: History
+    multitask: Multitask = strawberry.field(
+        description="What a submission does while a turn of the session is queued or running."
+    )
     event_count: int = strawberry.field(description="Events saved for this session so far.")
     _id: strawberry.Private[uuid.UUID]
 
@@ -185,6 +198,7 @@ class Session(Node):
             id=strawberry.ID(str(s.id)),
             created_at=s.created_at,
             default_history=s.default_history,
+            multitask=s.multitask,
             event_count=s.event_seq,
             _id=s.id,
         )

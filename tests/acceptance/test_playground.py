@@ -217,6 +217,35 @@ async def test_a_streamed_answer_grows_live_and_reads_the_same_after_a_reload(
     await expect(delta_rows).to_have_count(len(deltas))
 
 
+async def test_a_running_turn_is_cancelled_from_its_answer(
+    page: Page, live_server: ServerProcess, db: Any
+) -> None:
+    await open_playground(page, live_server.url)
+    await page.get_by_role("button", name="New session").click()
+    await expect(page.locator("#session-id")).to_have_text(re.compile(r"^[0-9a-f-]{36}$"))
+    await page.get_by_label("Input").fill("/stream 20 300")
+    await page.get_by_role("button", name="Submit turn").click()
+    answer = page.locator("#answer")
+    output = answer.locator("[data-role=output]")
+    await expect(output).to_have_attribute("data-partial", "true", timeout=LIVE)
+    cancel = answer.get_by_role("button", name="Cancel turn")
+    await expect(cancel).to_be_visible()
+    await cancel.click()
+    await expect(answer.locator("[data-role=status]")).to_have_text("CANCELLED", timeout=LIVE)
+    await expect(cancel).to_be_hidden()
+    turn_id = await answer.locator("[data-role=turn-id]").inner_text()
+    row = await db.fetchrow(
+        "SELECT status, output, cancel_reason FROM turns WHERE id = $1::uuid", turn_id
+    )
+    assert row["status"] == "CANCELLED"
+    assert row["cancel_reason"] == "cancelled in the playground"
+    # The answer shows the output recorded before it stopped, and no more.
+    await expect(output).to_have_text(row["output"])
+    full = "fixture reply to: /stream 20 300\nhistory: FULL, no earlier turns"
+    assert full.startswith(row["output"]) and len(row["output"]) < len(full)
+    await expect(page.locator("#timeline > li[data-type='turn.cancelled']")).to_have_count(1)
+
+
 async def test_sessions_history_keyboard_timeline_and_narrow_window(
     page: Page, live_server: ServerProcess, db: Any, shots: Path
 ) -> None:

@@ -22,7 +22,7 @@ async def test_a_renewal_that_raises_an_unexpected_error_is_retried(
     renew = leases.renew
     failures: list[BaseException] = []
 
-    async def renew_failing_once(conn: Any, **kwargs: Any) -> bool:
+    async def renew_failing_once(conn: Any, **kwargs: Any) -> leases.Renewal | None:
         if not failures:
             error = RuntimeError("an error nobody classified")
             failures.append(error)

@@ -21,7 +21,7 @@ from graphql import Lexer, Source, TokenKind
 from strawberry.types import ExecutionResult
 
 from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
-from keyturn.domain import History, TurnStatus
+from keyturn.domain import History, Multitask, TurnStatus
 from keyturn.errors import (
     DatabaseUnavailable,
     InvalidArgument,
@@ -135,7 +135,9 @@ class StandInRuntime:
         if self.fail is not None:
             raise self.fail
 
-    async def create_session(self, *, tenant: str, default_history: History) -> SessionRecord:
+    async def create_session(
+        self, *, tenant: str, default_history: History, multitask: Multitask
+    ) -> SessionRecord:
         self.called("create_session")
         return SESSION
 

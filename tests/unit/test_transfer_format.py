@@ -39,6 +39,10 @@ def a_turn() -> dict[str, object]:
         "lease_until": None,
         "epoch": 1,
         "retry_of": None,
+        "cancel_requested_at": None,
+        "cancel_reason": None,
+        "cancel_key": None,
+        "cancel_fingerprint": None,
     }
 
 
@@ -48,6 +52,13 @@ def test_a_row_round_trips_through_its_encoding() -> None:
     assert encoded["id"] == str(row["id"])
     assert encoded["created_at"] == "2026-12-01T12:00:00.123456+00:00"
     assert transfer.decode(TURN, {"kind": "turn", **encoded}) == row
+
+
+def test_a_turn_written_before_cancels_existed_reads_as_never_cancelled() -> None:
+    row = a_turn()
+    encoded = transfer.encode(TURN, row)
+    older = {k: v for k, v in encoded.items() if not k.startswith("cancel_")}
+    assert transfer.decode(TURN, {"kind": "turn", **older}) == row
 
 
 def test_the_same_instant_in_another_zone_is_the_same_row() -> None:
