@@ -165,7 +165,7 @@ async def check_tools(settings: Settings) -> list[Check]:
         return checks
     checks.append(Check(OK, "tools file", f"{file.path}: {len(file.servers)} server(s)"))
     # Imported only with a tools file: the SDK takes a while to import.
-    from keyturn.runtime.mcp_tools import probe
+    from keyturn.runtime.mcp_tools import probe, unoffered_reason
 
     for found in await probe(file):
         name = f"tool server {found.server}"
@@ -174,6 +174,8 @@ async def check_tools(settings: Settings) -> list[Check]:
         else:
             tools_listed = listed(f"mcp:{found.server}", found.tools)
             checks.append(Check(OK, name, f"started ({found.where}); {tools_listed}"))
+            for tool in found.unoffered:
+                checks.append(Check(WARN, name, unoffered_reason(tool)))
     return checks
 
 

@@ -67,7 +67,13 @@ from keyturn.errors import (
     ToolsFileError,
 )
 from keyturn.runtime.tools import Tool
-from keyturn.runtime.tools_file import SEPARATOR, ServerConfig, ToolsFile, tool_name
+from keyturn.runtime.tools_file import (
+    OFFERABLE_NAME,
+    SEPARATOR,
+    ServerConfig,
+    ToolsFile,
+    tool_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +117,8 @@ class McpServer:
         self.listed: list[types.Tool] = []
         self.last_error: str | None = None
         self.connections = 0  # how many times it has connected (restarts + 1)
+        # Tools it lists under a name no model API takes: not offered.
+        self.unoffered: list[str] = []
         self._session: ClientSession | None = None
         self._ready = asyncio.Event()
         self._broken = asyncio.Event()
@@ -402,9 +410,10 @@ class McpServers:
             for config in (file.servers if file else ())
         ]
 
-    async def start(self) -> list[tuple[str, list[Tool]]]:
+    async def start(self, *, warn: bool = True) -> list[tuple[str, list[Tool]]]:
         """Connect every server (at once); each server's source and tools.
-        ToolSetupError on the first that fails, the others stopped."""
+        ToolSetupError on the first that fails, the others stopped. With
+        ``warn``, a tool left unoffered (its name) is logged."""
         started = await asyncio.gather(
             *(server.start() for server in self.servers), return_exceptions=True
         )
@@ -415,10 +424,14 @@ class McpServers:
                 raise failed[0]
             raise ToolSetupError(f"tool servers did not start: {reason(failed[0])}")
         try:
-            return [(server.source, self._tools_of(server)) for server in self.servers]
+            found = [(server.source, self._tools_of(server)) for server in self.servers]
         except (ToolSetupError, ToolsFileError):
             await self.stop()
             raise
+        for server in self.servers if warn else ():
+            for tool in server.unoffered:
+                log.warning("tool server %s: %s", server.name, unoffered_reason(tool))
+        return found
 
     async def stop(self) -> None:
         await asyncio.gather(*(server.stop() for server in self.servers))
@@ -441,7 +454,11 @@ class McpServers:
                 )
         tools: list[Tool] = []
         for listed in server.listed:
-            found = overrides.get(tool_name(server.name, listed.name))
+            name = tool_name(server.name, listed.name)
+            if not OFFERABLE_NAME.match(name):
+                server.unoffered.append(listed.name)
+                continue
+            found = overrides.get(name)
             if found is None:
                 tools.append(McpTool(server, listed, kind=annotated_kind(listed)))
             else:
@@ -457,6 +474,13 @@ class McpServers:
         return tools
 
 
+def unoffered_reason(tool: str) -> str:
+    return (
+        f"tool {tool!r} is not offered: a model calls tools by names of up to 64 letters,"
+        " digits, '_' and '-'"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Probe:
     """One server started, listed and stopped again (``keyturn doctor``)."""
@@ -465,6 +489,7 @@ class Probe:
     where: str
     tools: list[Tool]
     error: str | None = None  # one line: why it did not start
+    unoffered: tuple[str, ...] = ()  # tools listed under names no model API takes
 
 
 async def probe(file: ToolsFile) -> list[Probe]:
@@ -474,10 +499,10 @@ async def probe(file: ToolsFile) -> list[Probe]:
         servers = McpServers(replace(file, servers=(config,)), ready_wait_s=1.0)
         where = servers.servers[0].describe()
         try:
-            [(_source, tools)] = await servers.start()
+            [(_source, tools)] = await servers.start(warn=False)
         except (ToolSetupError, ToolsFileError) as error:
             return Probe(config.name, where, [], str(error))
         await servers.stop()
-        return Probe(config.name, where, tools)
+        return Probe(config.name, where, tools, unoffered=tuple(servers.servers[0].unoffered))
 
     return list(await asyncio.gather(*(one(config) for config in file.servers)))

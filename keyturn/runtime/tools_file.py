@@ -42,6 +42,9 @@ from keyturn.errors import ToolsFileError
 
 # Between a server's name and its tool's in the name the model is shown.
 SEPARATOR = "__"
+# What a model API accepts as a function's name (OpenAI's rule, which the
+# servers that copy its API keep): a tool named otherwise cannot be offered.
+OFFERABLE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$")
 _SERVER_KEYS = {"command", "env", "cwd", "url", "headers"}
 _OVERRIDE_KEYS = {"kind", "key_argument", "applied_tool", "approve"}

@@ -156,6 +156,9 @@ def test_doctor_lists_each_server_and_its_tools_with_their_kinds_and_no_secret(
     search = lines["ok    tool server search"]
     assert search.startswith(f"ok    tool server search: started (streamable HTTP {url})")
     assert "search__put REPEATABLE" in search and "search__append UNSAFE" in search
+    # A tool listed under a name no model API takes is said, not offered.
+    assert "files__file.stat" not in files
+    assert "warn  tool server files: tool 'file.stat' is not offered" in doctor.stdout
     assert TOKEN not in doctor.stdout + doctor.stderr
 
 

@@ -88,6 +88,9 @@ async def test_tools_get_the_kind_their_annotations_say_and_the_file_overrides_w
         "files__crash_lookup": "READ_ONLY",
         "files__pid": "READ_ONLY",
     }
+    # files__file.stat is listed by the server but not offered: its dot is not
+    # allowed in a function name by the model APIs.
+    assert "files__file.stat" not in listed
     assert listed["files__lookup"]["description"] == "The latest value under NAME."
     assert listed["synthetic_write"]["source"] == "builtin"
     assert listed["synthetic_write"]["kind"] == "IDEMPOTENT"

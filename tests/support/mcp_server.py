@@ -134,6 +134,11 @@ def pid() -> int:
     return os.getpid()
 
 
+@server.tool(name="file.stat", annotations=READ_ONLY, description="A name no model API takes.")
+def stat() -> str:
+    return "never offered"
+
+
 def _serve_http(port: int, token: str) -> None:
     import uvicorn
     from starlette.types import Receive, Scope, Send
