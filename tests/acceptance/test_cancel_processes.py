@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_cancel import cancel, deltas_of, ended, turn
-from tests.support import GraphQLClient, ServerProcess, start_server_process, stop_process
+from tests.support import GraphQLClient, ServerProcess, owner_process, two_server_processes
 
 pytestmark = pytest.mark.slow
 
@@ -24,32 +24,16 @@ pytestmark = pytest.mark.slow
 SLOW_RENEWAL = {"KEYTURN_LEASE_TTL_S": "30", "KEYTURN_LEASE_RENEW_S": "10"}
 
 
-def start_two(database_url: str, tmp_path: Path, env: dict[str, str] | None = None) -> Any:
-    a = start_server_process(database_url, tmp_path, name="a", env=env)
-    b = start_server_process(database_url, tmp_path, name="b", env=env)
-    return a, b
-
-
 @pytest.fixture
 def slow_renewal(database_url: str, tmp_path: Path) -> Iterator[tuple[ServerProcess, ...]]:
-    servers = start_two(database_url, tmp_path, SLOW_RENEWAL)
-    yield servers
-    for s in servers:
-        stop_process(s)
+    with two_server_processes(database_url, tmp_path, SLOW_RENEWAL) as servers:
+        yield servers
 
 
 @pytest.fixture
 def two_servers(database_url: str, tmp_path: Path) -> Iterator[tuple[ServerProcess, ...]]:
-    servers = start_two(database_url, tmp_path)
-    yield servers
-    for s in servers:
-        if s.proc.poll() is None:
-            stop_process(s)
-
-
-def runner_of(t: dict[str, Any], servers: tuple[ServerProcess, ...]) -> ServerProcess:
-    pid = int(t["owner"].split(":")[1])
-    return next(s for s in servers if s.proc.pid == pid)
+    with two_server_processes(database_url, tmp_path) as servers:
+        yield servers
 
 
 async def running(client: GraphQLClient, turn_id: str) -> dict[str, Any]:
@@ -70,7 +54,7 @@ async def test_a_cancel_sent_to_one_process_stops_a_stream_running_on_another(
     try:
         sid = await clients[0].create_session()
         tid = (await clients[0].submit(sid, "s", "/stream 20 200"))["turn"]["id"]
-        owner = runner_of(await running(clients[0], tid), slow_renewal)
+        owner = owner_process(await running(clients[0], tid), slow_renewal)
         other = clients[1] if owner is slow_renewal[0] else clients[0]
         answer = await cancel(other, tid, "stop", reason="from the other process")
         assert answer["__typename"] == "TurnCancellation", answer
@@ -93,7 +77,7 @@ async def test_a_process_that_dies_after_the_request_leaves_it_interrupted_with_
     try:
         sid = await clients[0].create_session()
         tid = (await clients[0].submit(sid, "s", "/sleep 8000"))["turn"]["id"]
-        owner = runner_of(await running(clients[0], tid), two_servers)
+        owner = owner_process(await running(clients[0], tid), two_servers)
         survivor = clients[1] if owner is two_servers[0] else clients[0]
         answer = await cancel(survivor, tid, "stop")
         assert answer["turn"]["status"] == "RUNNING"

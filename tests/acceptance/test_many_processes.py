@@ -24,9 +24,11 @@ from tests.support import (
     ServerProcess,
     admin,
     counts,
+    owner_process,
     request,
     start_server_process,
     stop_process,
+    two_server_processes,
     ws_session,
 )
 
@@ -35,16 +37,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def two_servers(database_url: str, tmp_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    a = start_server_process(database_url, tmp_path, name="a")
-    b = start_server_process(database_url, tmp_path, name="b")
-    yield a, b
-    for s in (a, b):
-        stop_process(s)
-
-
-def ran_on(turn: dict[str, Any], servers: tuple[ServerProcess, ...]) -> ServerProcess:
-    pid = int(turn["owner"].split(":")[1])
-    return next(s for s in servers if s.proc.pid == pid)
+    with two_server_processes(database_url, tmp_path) as servers:
+        yield servers
 
 
 async def test_completion_run_on_one_server_reaches_listeners_on_the_other(
@@ -76,7 +70,7 @@ async def test_completion_run_on_one_server_reaches_listeners_on_the_other(
     on_a, on_b = await asyncio.gather(listen(a), listen(b))
     done = await client.turn(turn["id"])
     assert done is not None
-    other = b if ran_on(done, two_servers) is a else a
+    other = b if owner_process(done, two_servers) is a else a
     completed, events = on_b if other is b else on_a
     assert [c["turnCompleted"]["status"] for c in completed] == ["COMPLETED"]
     assert [(e["seq"], e["type"]) for e in events] == [
@@ -101,7 +95,7 @@ async def test_sigkill_while_running_the_other_server_marks_it_interrupted(
     turn = (await client.submit(sid, "doomed", "/sleep 20000"))["turn"]
     nxt = (await client.submit(sid, "next", "after the crash"))["turn"]
     running = await client.wait_for_status(turn["id"], {"RUNNING"})
-    victim = ran_on(running, two_servers)
+    victim = owner_process(running, two_servers)
     survivor = b if victim is a else a
     await client.close()
     victim.proc.send_signal(signal.SIGKILL)
@@ -276,7 +270,7 @@ async def test_sigterm_during_a_running_turn_lets_it_finish(
         turn = (await client.submit(sid, "k", "/sleep 2500 finish me"))["turn"]
         queued = (await client.submit(sid, "q", "queued behind it"))["turn"]
         running = await client.wait_for_status(turn["id"], {"RUNNING"})
-        owner = ran_on(running, (a, b))
+        owner = owner_process(running, (a, b))
         await client.close()
         owner.proc.send_signal(signal.SIGTERM)
         other = b if owner is a else a
@@ -352,7 +346,7 @@ async def test_other_peoples_clients_receive_turn_completed_from_another_server(
     sid = await client.create_session()
     turn = (await client.submit(sid, "k", "/sleep 2000 for the other clients"))["turn"]
     running = await client.wait_for_status(turn["id"], {"RUNNING"})
-    other = b if ran_on(running, two_servers) is a else a
+    other = b if owner_process(running, two_servers) is a else a
 
     node = await asyncio.create_subprocess_exec(
         "node",

@@ -17,9 +17,9 @@ from tests.support import (
     GraphQLClient,
     ServerProcess,
     admin,
+    owner_process,
     request,
-    start_server_process,
-    stop_process,
+    two_server_processes,
     ws_session,
 )
 
@@ -36,16 +36,8 @@ STREAMING = {"KEYTURN_DELTA_FLUSH_MS": "20"}
 
 @pytest.fixture
 def two_servers(database_url: str, tmp_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    a = start_server_process(database_url, tmp_path, name="a", env=STREAMING)
-    b = start_server_process(database_url, tmp_path, name="b", env=STREAMING)
-    yield a, b
-    for s in (a, b):
-        stop_process(s)
-
-
-def ran_on(turn: dict[str, Any], servers: tuple[ServerProcess, ...]) -> ServerProcess:
-    pid = int(turn["owner"].split(":")[1])
-    return next(s for s in servers if s.proc.pid == pid)
+    with two_server_processes(database_url, tmp_path, STREAMING) as servers:
+        yield servers
 
 
 async def test_turn_events_reach_a_subscriber_on_the_other_process(
@@ -82,7 +74,7 @@ async def test_turn_events_reach_a_subscriber_on_the_other_process(
         *["turn.delta"] * 6,
         "turn.completed",
     ]
-    elsewhere = on_b if ran_on(done, two_servers) is two_servers[0] else on_a
+    elsewhere = on_b if owner_process(done, two_servers) is two_servers[0] else on_a
     for heard in (on_a, on_b):
         assert [(e["seq"], e["type"]) for e in heard] == expected
     assert (
@@ -105,7 +97,7 @@ async def test_a_server_killed_mid_stream_leaves_its_deltas_and_says_how_much(
         if sum(e["type"] == "turn.delta" for e in now["events"]) >= 3:
             break
         await asyncio.sleep(0.02)
-    victim = ran_on(now, two_servers)
+    victim = owner_process(now, two_servers)
     survivor = two_servers[1] if victim is two_servers[0] else two_servers[0]
     victim.proc.send_signal(signal.SIGKILL)
     victim.proc.wait()

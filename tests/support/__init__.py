@@ -19,9 +19,11 @@ from tests.support.servers import (
     TEST_SERVER_ENV,
     InProcessServer,
     fast_settings,
+    owner_process,
     serve_in_process,
     start_server_process,
     stop_process,
+    two_server_processes,
 )
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -40,10 +42,12 @@ __all__ = [
     "fast_settings",
     "free_port",
     "new_key",
+    "owner_process",
     "request",
     "serve_in_process",
     "start_server_process",
     "stop_process",
+    "two_server_processes",
     "with_database",
     "ws_session",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,3 +99,29 @@ def start_server_process(
 
 def stop_process(server: ServerProcess, timeout: float = 30) -> None:
     server.stop(timeout)
+
+
+@contextlib.contextmanager
+def two_server_processes(
+    database_url: str, log_dir: Path, env: dict[str, str] | None = None
+) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """Two real ``keyturn serve`` processes on one database, ``a`` and ``b``;
+    both stopped afterwards (one a test killed is left as it is)."""
+    a = start_server_process(database_url, log_dir, name="a", env=env)
+    try:
+        b = start_server_process(database_url, log_dir, name="b", env=env)
+    except BaseException:
+        stop_process(a)
+        raise
+    try:
+        yield a, b
+    finally:
+        for server in (a, b):
+            if server.proc.poll() is None:
+                stop_process(server)
+
+
+def owner_process(turn: dict[str, Any], servers: Sequence[ServerProcess]) -> ServerProcess:
+    """The process whose worker ran ``turn`` (the pid in its owner id)."""
+    pid = int(turn["owner"].split(":")[1])
+    return next(s for s in servers if s.proc.pid == pid)
