@@ -177,6 +177,13 @@ async def decide(*, engine: Engine, request: DecisionRequest, tenant: str) -> De
             events = await reads.turn_events(conn, turn_id=turn.id)
             earlier = decisions(events).get(request.index)
             if earlier is not None:
+                # Decided since the lookup, perhaps under this very key (an
+                # identical request racing this one): the key is judged first.
+                again = await db.lookup(
+                    conn, tenant=tenant, turn_id=request.turn_id, key=request.idempotency_key
+                )
+                if again is not None and again[1].held:
+                    return _judge(again[0], again[1], fp)
                 return DecisionResult(
                     DecisionOutcome.ALREADY_DECIDED, turn, request.index, earlier.decision
                 )
