@@ -20,14 +20,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from keyturn.db import deltas, leases
-from keyturn.db.engine import Engine, connect
+from keyturn.db import deltas
+from keyturn.db.engine import Conn, Engine
 from keyturn.db.ledger import Appended
 from keyturn.db.records import TurnRecord
 from keyturn.domain import EventType
-from keyturn.errors import DatabaseUnavailable, StaleLease
 from keyturn.runtime.bus import EventBus
 from keyturn.runtime.cancel import CancelSignal
+from keyturn.runtime.fenced import append_fenced
 
 log = logging.getLogger(__name__)
 
@@ -176,31 +176,18 @@ class DeltaRecorder:
 
     async def __call__(self, delta: Delta) -> None:
         turn = self.turn
-        # A lost connection is retried for as long as the lease could hold;
-        # the unique index on (turn, epoch, index) makes a repeat harmless.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.lease_ttl_s
-        while True:
-            try:
-                async with connect(self.engine) as conn:
-                    done = await deltas.append(
-                        conn, turn_id=turn.id, epoch=turn.epoch, index=delta.index, text=delta.text
-                    )
-                    if done is Appended.REFUSED:
-                        await leases.record_refused_write(
-                            conn,
-                            turn_id=turn.id,
-                            epoch=turn.epoch,
-                            attempted=EventType.TURN_DELTA,
-                            by=self.owner,
-                        )
-                break
-            except DatabaseUnavailable:
-                if loop.time() > deadline:
-                    raise
-                log.warning("turn %s: recording delta %s failed; will retry", turn.id, delta.index)
-                await asyncio.sleep(0.5)
-        self.bus.committed(turn.session_id)
-        if done is Appended.REFUSED:
-            log.warning("turn %s: turn.delta refused, epoch %s is stale", turn.id, turn.epoch)
-            raise StaleLease()
+
+        async def write(conn: Conn) -> Appended:
+            return await deltas.append(
+                conn, turn_id=turn.id, epoch=turn.epoch, index=delta.index, text=delta.text
+            )
+
+        await append_fenced(
+            engine=self.engine,
+            bus=self.bus,
+            turn=turn,
+            owner=self.owner,
+            lease_ttl_s=self.lease_ttl_s,
+            attempted=EventType.TURN_DELTA,
+            write=write,
+        )

@@ -45,7 +45,7 @@ from typing import Any
 
 from keyturn.db import approvals, leases, reads
 from keyturn.db import ledger as db
-from keyturn.db.engine import Engine, connect
+from keyturn.db.engine import Conn, Engine, connect
 from keyturn.db.records import EventRecord, TurnRecord
 from keyturn.domain import EventType, ToolCallState, ToolKind, TurnStatus
 from keyturn.errors import (
@@ -61,6 +61,7 @@ from keyturn.runtime.approval import ApprovalPolicy, Decided, ToolCallDecision, 
 from keyturn.runtime.bus import EventBus
 from keyturn.runtime.cancel import CancelSignal
 from keyturn.runtime.crash import CrashHook
+from keyturn.runtime.fenced import append_fenced
 from keyturn.runtime.ledger import ToolCallView, effect_key, tool_calls
 from keyturn.runtime.model import Model, PastTurn, Round, ToolOutcome, ToolRequest
 from keyturn.runtime.output import Output
@@ -496,27 +497,22 @@ class ToolRunner:
         )
 
     async def _append(self, turn: TurnRecord, type: EventType, data: dict[str, Any]) -> None:
-        # A lost connection is retried for as long as the lease could hold;
-        # the unique index on the ledger makes a repeat harmless.
-        deadline = asyncio.get_running_loop().time() + self.lease_ttl_s
-        while True:
-            try:
-                async with connect(self.engine) as conn:
-                    done = await db.append(
-                        conn, turn_id=turn.id, epoch=turn.epoch, type=type, data=data
-                    )
-                    if done is db.Appended.REFUSED:
-                        await leases.record_refused_write(
-                            conn, turn_id=turn.id, epoch=turn.epoch, attempted=type, by=self.owner
-                        )
-                break
-            except DatabaseUnavailable:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise ToolOutcomeUnknown() from None
-                await asyncio.sleep(0.5)
-        self.bus.committed(turn.session_id)
-        if done is db.Appended.REFUSED:
-            raise StaleLease()
+        async def write(conn: Conn) -> db.Appended:
+            return await db.append(conn, turn_id=turn.id, epoch=turn.epoch, type=type, data=data)
+
+        try:
+            await append_fenced(
+                engine=self.engine,
+                bus=self.bus,
+                turn=turn,
+                owner=self.owner,
+                lease_ttl_s=self.lease_ttl_s,
+                attempted=type,
+                write=write,
+            )
+        except DatabaseUnavailable:
+            # Past the lease, the call this entry belongs to is of unknown outcome.
+            raise ToolOutcomeUnknown() from None
 
     # -- settling ------------------------------------------------------------
     async def reconcile(self, turn_id: uuid.UUID) -> int:
