@@ -12,6 +12,7 @@ from types import FrameType
 from typing import Any
 
 import orjson
+import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -117,7 +118,7 @@ def _drain_on_sigterm(runtime: Runtime) -> Callable[[], None]:
             prev(signum, frame)
 
     for sig, prev in previous.items():
-        if getattr(getattr(prev, "__self__", None), "__module__", "").startswith("uvicorn"):
+        if isinstance(getattr(prev, "__self__", None), uvicorn.Server):
             signal.signal(sig, handler)
 
     def restore() -> None:

@@ -156,7 +156,6 @@ def _settings() -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
 
     settings = _settings()
     # Settings that would make the server misbehave (a lease renewed no more
@@ -213,9 +212,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"database: {where}; workers: {args.workers}", flush=True)
     if args.workers > 1:
         _share_metrics_between_workers()
-    uvicorn.run(
-        "keyturn.http.app:create_app",
-        factory=True,
+    from keyturn.ops import serving
+
+    return serving.run(
         host=host,
         port=port,
         workers=args.workers,
@@ -230,7 +229,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # closes the connection (1009) before it is read whole.
         ws_max_size=settings.max_body_bytes,
     )
-    return 0
 
 
 def _share_metrics_between_workers() -> None:

@@ -152,3 +152,41 @@ def test_a_start_right_after_ctrl_c_during_initdb_makes_the_database(fresh_data_
     assert again.returncode == 0, again.stdout + again.stderr
     assert (fresh_data_dir / "pgdata" / "PG_VERSION").exists()
     assert postgres_running(fresh_data_dir) == []
+
+
+def test_ctrl_c_as_the_application_loads_stops_the_server(fresh_data_dir: Path) -> None:
+    """Pressed once the database is up, while the application's modules are
+    imported: Python's own handler would raise inside whatever runs then
+    (a weakref callback drops it with a traceback) and the server would come
+    up as if nothing had been pressed."""
+    for n, after in enumerate((0.0, 0.05, 0.1, 0.2, 0.4)):
+        data_dir = fresh_data_dir / f"run-{n}"
+        data_dir.mkdir()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keyturn", "serve", "--port", "0"],
+            env=clean_env(KEYTURN_DATA_DIR=str(data_dir)),
+            cwd=data_dir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            assert proc.stdout is not None
+            seen = []
+            for line in proc.stdout:
+                seen.append(line)
+                if line.startswith("database: "):
+                    break
+            time.sleep(after)
+            os.killpg(proc.pid, signal.SIGINT)
+            rest, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        output = "".join(seen) + rest
+        assert "Traceback" not in output and "Exception ignored" not in output, output
+        assert proc.returncode in (130, 0), (proc.returncode, output)
+        assert "Application startup complete" not in output or "Shutting down" in output, output
+        assert postgres_running(data_dir) == []
