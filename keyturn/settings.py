@@ -165,6 +165,10 @@ class Settings(BaseSettings):
     # ``crash_after - 1`` calls to reach it wait there; the next one kills.
     crash_at: str | None = None
     crash_after: int = Field(default=1, ge=1)
+    # Test hook, never for production: hold every call that reaches a point
+    # (``POINT`` or ``POINT:INDEX``, as crash_at) until the file hold_until exists.
+    hold_at: str | None = None
+    hold_until: Path | None = None
 
     graphiql: bool = True
     # Off in production if clients need not discover the schema at run time.

@@ -485,7 +485,7 @@ def cmd_experiment_interruption(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
         print(f"observation saved to {args.json}")
-    return 0 if summary["contradictions"] == 0 else 1
+    return 0 if summary["contradictions"] == 0 and summary["broken"] == 0 else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -555,9 +555,10 @@ def build_parser() -> argparse.ArgumentParser:
     experiment_sub = experiment.add_subparsers(dest="experiment_command", required=True)
     interruption = experiment_sub.add_parser(
         "interruption",
-        help="SIGKILL servers at each point of a tool call; compare the record with the store",
+        help="SIGKILL servers at each point of a tool call, cancel turns mid-tool; "
+        "compare the record with the store",
     )
-    interruption.add_argument("--runs", type=int, default=20, help="runs per crash point")
+    interruption.add_argument("--runs", type=int, default=20, help="runs per point")
     interruption.add_argument("--json", type=Path, default=None, help="save the observation")
     interruption.set_defaults(fn=cmd_experiment_interruption)
     return parser

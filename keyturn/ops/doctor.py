@@ -80,6 +80,12 @@ def check_settings() -> tuple[list[Check], Settings | None]:
     retention = RetentionPolicy.of(settings)
     if retention.problem is not None:
         checks.append(Check(FAIL, "settings", retention.problem))
+    from keyturn.runtime.crash import problem
+
+    # The test hook (KEYTURN_CRASH_AT, KEYTURN_HOLD_AT): a bad value stops the
+    # start here, not with a traceback once the app is built.
+    if (hook := problem(settings)) is not None:
+        checks.append(Check(FAIL, "settings", hook))
     if not checks:
         checks.append(Check(OK, "settings", "valid"))
     # The published policy (also Query.serverPolicy), whatever else is wrong.

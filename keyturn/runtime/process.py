@@ -141,7 +141,7 @@ class Runtime:
             ),
             owner=self.owner,
             tools=self.tools,
-            crash=CrashHook(settings.crash_at, after=settings.crash_after),
+            crash=CrashHook.from_settings(settings),
             approval=self.approval,
         )
         self.supervisor = Supervisor()

@@ -1,5 +1,5 @@
-"""Real processes killed in the middle of tool calls: the experiment, and
-resolving what they left."""
+"""Real processes killed, and turns cancelled, in the middle of tool calls:
+the experiment, and resolving what a kill left."""
 
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ def test_the_interruption_experiment_finds_no_contradiction(
         timeout=90,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "crash point" in done.stdout and "Contradictions in all: 0" in done.stdout
+    assert "Contradictions in all: 0; broken cancels: 0" in done.stdout
     assert "12/12 turns settled" in done.stderr  # the progress line
+    assert "12/12 cancels recorded" in done.stderr
     summary: dict[str, Any] = json.loads(out.read_text())
     assert summary["contradictions"] == 0
     rows = {(r["point"], r["tool"]): r for r in summary["rows"]}
@@ -78,7 +79,9 @@ def test_the_interruption_experiment_finds_no_contradiction(
         "store__write": ("COMPLETED", "applied once"),
         "store__append": ("COMPLETED", "applied once"),
     }
-    said["after_result"] = said["none"] = done_once
+    # Cancelled while the call was held in flight: it finished, and its
+    # effect is in the store once.
+    said["after_result"] = said["cancelled mid-tool"] = said["none"] = done_once
     kinds = {
         "synthetic_write": "IDEMPOTENT",
         "synthetic_append": "UNSAFE",
@@ -94,6 +97,7 @@ def test_the_interruption_experiment_finds_no_contradiction(
             assert row["kind"] == kinds[tool], row
             assert row["record"] == {record: 2}, (point, tool, row)
             assert row["store"] == {store_says: 2}, (point, tool, row)
+            assert row["contradicted"] == row["broken"] == 0, row
     # OUTCOME_UNKNOWN exactly where the crash fell between intent and result
     # of a tool nobody can ask.
     unknown = {
@@ -107,7 +111,17 @@ def test_the_interruption_experiment_finds_no_contradiction(
         for point in ("after_intent", "after_write")
         for tool in ("synthetic_append", "store__read", "store__set", "store__append")
     }
-    assert summary["earlierCalls"] == {"agreed": 60}
+    assert summary["earlierCalls"] == {"agreed": 72}
+    # In every cancelled turn the call in flight finished with its result,
+    # the call after it did not start, and the end says so.
+    cancelled = [o for o in summary["observations"] if o["point"] == "cancelled mid-tool"]
+    assert len(cancelled) == 12
+    for o in cancelled:
+        assert o["status"] == "CANCELLED", o
+        assert [c["record"] for c in o["calls"]] == ["COMPLETED", "COMPLETED", "NOT_STARTED"], o
+        assert o["cancel"] == {"contradicts": [], "broken": []}, o
+    assert summary["laterCalls"] == {"agreed": 12}
+    assert summary["broken"] == 0
 
 
 async def test_a_retry_after_a_real_kill_reuses_results_and_refuses_an_unknown_unsafe_call(

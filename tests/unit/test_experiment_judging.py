@@ -1,14 +1,25 @@
-"""The interruption experiment's verdicts for MCP tools of each kind, and
-its MCP server's store (a SQLite file): what each judges by."""
+"""The interruption experiment's verdicts for MCP tools of each kind and for
+turns cancelled mid-tool, its MCP server's store (a SQLite file), and the
+test hook that holds a call in flight: what each judges by."""
 
 from __future__ import annotations
 
+import asyncio
+import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from keyturn.ops.experiment.judging import read_verdict, set_verdict
+from keyturn.ops.doctor import FAIL, check_settings
+from keyturn.ops.experiment.judging import (
+    cancel_findings,
+    cancel_verdict,
+    read_verdict,
+    set_verdict,
+)
 from keyturn.ops.experiment.sqlite_store import Store, Write
+from keyturn.runtime.crash import CrashHook
 
 
 @pytest.mark.parametrize(
@@ -73,3 +84,138 @@ def test_the_store_sets_values_and_counts_every_append(tmp_path: Path) -> None:
     store.append("c", "1")
     store.append("c", "1")
     assert store.append_counts(["c", "d"]) == {"c": 2, "d": 0}
+
+
+def _event(type: str, **data: Any) -> dict[str, Any]:
+    return {"type": type, "data": data}
+
+
+def _cancelled_turn() -> dict[str, Any]:
+    """A turn of three calls cancelled while call 1 was in flight, as the
+    promise says it ends: call 1 finished with its result, call 2 never started."""
+    r0, r1 = {"applied": True}, {"applied": True}
+    calls = [
+        {"index": 0, "state": "COMPLETED", "result": r0},
+        {"index": 1, "state": "COMPLETED", "result": r1},
+        {"index": 2, "state": "NOT_STARTED", "result": None},
+    ]
+    return {
+        "status": "CANCELLED",
+        "output": None,
+        "toolCalls": calls,
+        "events": [
+            _event("tool.planned", calls=[]),
+            _event("tool.intent", index=0),
+            _event("tool.result", index=0, result=r0),
+            _event("tool.intent", index=1),
+            _event("turn.cancel_requested", reason=None),
+            _event("tool.result", index=1, result=r1),
+            _event("turn.cancelled", output=None, inFlightCall=1, toolCalls=copy.deepcopy(calls)),
+        ],
+    }
+
+
+def _end(turn: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = turn["events"][-1]["data"]
+    return data
+
+
+def _in_flight_unknown(turn: dict[str, Any]) -> None:
+    # The cancel cut the call: no result, and the end says so too.
+    turn["toolCalls"][1].update(state="OUTCOME_UNKNOWN", result=None)
+    _end(turn)["toolCalls"][1].update(state="OUTCOME_UNKNOWN", result=None)
+    del turn["events"][5]
+
+
+def _later_started(turn: dict[str, Any]) -> None:
+    turn["toolCalls"][2]["state"] = "COMPLETED"
+    _end(turn)["toolCalls"][2]["state"] = "COMPLETED"
+    turn["events"].insert(6, _event("tool.intent", index=2))
+
+
+def _ran_on(turn: dict[str, Any]) -> None:
+    turn["status"] = "COMPLETED"
+    turn["events"][-1] = _event("turn.completed", output="fixture reply")
+
+
+def _output_lost(turn: dict[str, Any]) -> None:
+    turn["events"].insert(3, _event("turn.delta", text="so far", index=0))
+
+
+def _cancel_after_result(turn: dict[str, Any]) -> None:
+    events = turn["events"]
+    events[4], events[5] = events[5], events[4]
+
+
+def _end_names_no_call(turn: dict[str, Any]) -> None:
+    _end(turn)["inFlightCall"] = None
+
+
+def _end_says_other_states(turn: dict[str, Any]) -> None:
+    _end(turn)["toolCalls"][1]["state"] = "OUTCOME_UNKNOWN"
+
+
+@pytest.mark.parametrize(
+    ("change", "judged", "expected"),
+    [
+        (None, "agreed", "agreed"),
+        # The record and the store disagree: whatever else holds.
+        (None, "contradicted", "contradicted"),
+        # The record agrees with the store, but the cancel broke its promise.
+        (_in_flight_unknown, "uncertain", "broken"),
+        (_later_started, "agreed", "broken"),
+        (_ran_on, "agreed", "broken"),
+        (_output_lost, "agreed", "broken"),
+        (_cancel_after_result, "agreed", "broken"),
+        # The record disagrees with itself.
+        (_end_names_no_call, "agreed", "contradicted"),
+        (_end_says_other_states, "agreed", "contradicted"),
+    ],
+)
+def test_a_call_in_flight_when_its_turn_is_cancelled_must_finish_and_be_recorded_so(
+    change: Any, judged: str, expected: str
+) -> None:
+    turn = _cancelled_turn()
+    if change is not None:
+        change(turn)
+    contradicts, broken = cancel_findings(turn, 1)
+    assert cancel_verdict(judged, contradicts, broken) == expected, (contradicts, broken)
+    if change is None:
+        assert (contradicts, broken) == ([], [])
+
+
+async def test_the_hold_hook_holds_a_call_until_its_file_appears(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    hook = CrashHook(hold_at="after_intent:1", hold_until=release)
+    await hook.point("after_intent", 0)  # another call: not held
+    await hook.point("after_write", 1)  # another point: not held
+    held = asyncio.create_task(hook.point("after_intent", 1))
+    await asyncio.sleep(0.2)
+    assert not held.done()
+    release.touch()
+    await asyncio.wait_for(held, 10)
+    await hook.point("after_intent", 1)  # once it exists, nothing is held
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"KEYTURN_HOLD_AT": "halfway", "KEYTURN_HOLD_UNTIL": "r"}, "KEYTURN_HOLD_AT must be"),
+        ({"KEYTURN_HOLD_AT": "after_intent:x", "KEYTURN_HOLD_UNTIL": "r"}, "INDEX must be"),
+        ({"KEYTURN_HOLD_AT": "after_intent"}, "KEYTURN_HOLD_AT needs KEYTURN_HOLD_UNTIL"),
+        ({"KEYTURN_HOLD_UNTIL": "r"}, "KEYTURN_HOLD_UNTIL is set without KEYTURN_HOLD_AT"),
+    ],
+)
+def test_a_bad_hold_setting_is_refused_before_the_server_starts(
+    env: dict[str, str], said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("KEYTURN_HOLD_AT", "KEYTURN_HOLD_UNTIL", "KEYTURN_CRASH_AT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    # What `keyturn serve` checks first, and `keyturn doctor` shows.
+    checks, _ = check_settings()
+    refused = [c.detail for c in checks if c.status == FAIL]
+    assert len(refused) == 1 and said in refused[0], checks
+    if "halfway" in env.get("KEYTURN_HOLD_AT", ""):
+        assert "before_intent, after_intent, after_write, after_result" in refused[0]

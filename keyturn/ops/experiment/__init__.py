@@ -1,6 +1,7 @@
 """``keyturn experiment interruption``: what the record can establish when a
-server dies in the middle of a tool call. Running it (``running``), judging
-each call (``judging``), and showing the result (``rendering``)."""
+server dies, or a turn is cancelled, in the middle of a tool call. Running
+it (``running``), judging each call (``judging``), and showing the result
+(``rendering``)."""
 
 from keyturn.ops.experiment.judging import summarize, verdict
 from keyturn.ops.experiment.rendering import table

@@ -5,6 +5,10 @@ agreed        the record says the effect happened (COMPLETED, RECONCILED_APPLIED
               RECONCILED_NOT_APPLIED) and the store has nothing
 uncertain     the record says OUTCOME_UNKNOWN: it claims nothing
 contradicted  anything else
+broken        the cancelled turns only: the record agrees with the store and with
+              itself, but the cancel did not keep its promise (the call in flight
+              did not finish with its result, a later call started, the turn did
+              not end CANCELLED, or the output so far was not kept)
 
 What "has it" means depends on the kind of the tool:
 
@@ -17,6 +21,13 @@ REPEATABLE  whether the store holds the value the call set (its own name):
 READ_ONLY   no effect to compare: a COMPLETED read must have read what the
             store holds, and the store must hold what it held before
 ==========  ==================================================================
+
+A turn cancelled while its second call is held in flight is also judged
+against itself and the promise (:func:`cancel_findings`): a ``turn.cancelled``
+that names another call in flight, or gives other states, results or output
+than the rest of the record, contradicts it; a call in flight that did not
+finish, a later call that started, a turn that did not end CANCELLED or an
+output that is not what its deltas streamed is broken.
 """
 
 from __future__ import annotations
@@ -25,11 +36,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from keyturn.domain import ToolCallState
+from keyturn.domain import EventType, ToolCallState, TurnStatus
 
 HAPPENED = {ToolCallState.COMPLETED, ToolCallState.RECONCILED_APPLIED}
 DID_NOT = {ToolCallState.NOT_STARTED, ToolCallState.RECONCILED_NOT_APPLIED}
-CRASHED_CALL = 1  # the second (and last) call of each turn
+# The second call of each turn: the one a crash cuts, or the one held in
+# flight while its turn is cancelled (the cancelled turns make a third).
+CRASHED_CALL = 1
 
 
 def verdict(state: str | None, applied: int) -> str:
@@ -63,6 +76,59 @@ def read_verdict(state: str | None, *, read: str | None, before: str | None,
     return "agreed" if state in (None, ToolCallState.NOT_STARTED) else "contradicted"
 
 
+def cancel_findings(turn: dict[str, Any], held: int = CRASHED_CALL) -> tuple[list[str], list[str]]:
+    """A turn cancelled while call ``held`` was in flight (the GraphQL Turn:
+    ``status``, ``output``, ``events``, ``toolCalls``): where its record
+    contradicts itself, and where the cancel broke its promise."""
+    contradicts: list[str] = []
+    broken: list[str] = []
+    events = turn["events"]
+    calls = {c["index"]: c for c in turn["toolCalls"]}
+    seq = {
+        (e["type"], e["data"].get("index")): n
+        for n, e in enumerate(events)
+        if e["type"] in (EventType.TOOL_INTENT, EventType.TOOL_RESULT)
+    }
+    asked = [n for n, e in enumerate(events) if e["type"] == EventType.TURN_CANCEL_REQUESTED]
+    result_at = seq.get((EventType.TOOL_RESULT, held))
+    if not asked or (result_at is not None and asked[0] > result_at):
+        broken.append(f"turn.cancel_requested is not recorded before call {held}'s result")
+    call = calls.get(held) or {}
+    if call.get("state") != ToolCallState.COMPLETED or call.get("result") is None:
+        broken.append(f"call {held}, in flight, did not finish with its result")
+    for index, later in sorted(calls.items()):
+        if index > held and (
+            later["state"] != ToolCallState.NOT_STARTED or (EventType.TOOL_INTENT, index) in seq
+        ):
+            broken.append(f"call {index}, after the cancel, started")
+    streamed = "".join(e["data"]["text"] for e in events if e["type"] == EventType.TURN_DELTA)
+    if turn["output"] != (streamed or None):
+        broken.append("the output is not what was streamed before the stop")
+    ends = [e["data"] for e in events if e["type"] == EventType.TURN_CANCELLED]
+    if turn["status"] != TurnStatus.CANCELLED or not ends:
+        broken.append(f"the turn ended {turn['status']}, not CANCELLED")
+        return contradicts, broken
+    end = ends[-1]
+    if end.get("inFlightCall") != held:
+        contradicts.append(
+            f"turn.cancelled names call {end.get('inFlightCall')} in flight, not {held}"
+        )
+    said = {c["index"]: (c["state"], c["result"]) for c in end.get("toolCalls") or []}
+    if said != {i: (c["state"], c["result"]) for i, c in calls.items()}:
+        contradicts.append("turn.cancelled gives other tool calls than Turn.toolCalls")
+    if end.get("output") != turn["output"]:
+        contradicts.append("turn.cancelled gives another output than Turn.output")
+    return contradicts, broken
+
+
+def cancel_verdict(judged: str, contradicts: list[str], broken: list[str]) -> str:
+    """The in-flight call of a cancelled turn: ``judged`` is its record
+    beside the store; the findings are :func:`cancel_findings`'."""
+    if judged == "contradicted" or contradicts:
+        return "contradicted"
+    return "broken" if broken else judged
+
+
 @dataclass
 class Row:
     point: str
@@ -77,6 +143,7 @@ class Row:
 def summarize(observations: list[dict[str, Any]], *, runs: int, seconds: float) -> dict[str, Any]:
     rows: dict[tuple[str, str], Row] = {}
     earlier = Counter[str]()
+    later = Counter[str]()
     for o in observations:
         row = rows.setdefault((o["point"], o["tool"]), Row(o["point"], o["tool"], o["kind"]))
         row.runs += 1
@@ -86,10 +153,13 @@ def summarize(observations: list[dict[str, Any]], *, runs: int, seconds: float) 
         row.verdicts[crashed["verdict"]] += 1
         for call in o["calls"][:CRASHED_CALL]:
             earlier[call["verdict"]] += 1
+        for call in o["calls"][CRASHED_CALL + 1 :]:
+            later[call["verdict"]] += 1
     total = Counter[str]()
     for row in rows.values():
         total.update(row.verdicts)
     total.update(earlier)
+    total.update(later)
     return {
         "runsPerPoint": runs,
         "seconds": round(seconds, 1),
@@ -104,10 +174,13 @@ def summarize(observations: list[dict[str, Any]], *, runs: int, seconds: float) 
                 "agreed": r.verdicts["agreed"],
                 "uncertain": r.verdicts["uncertain"],
                 "contradicted": r.verdicts["contradicted"],
+                "broken": r.verdicts["broken"],
             }
             for r in rows.values()
         ],
         "earlierCalls": dict(earlier),
+        "laterCalls": dict(later),  # after the call in flight, in the cancelled turns
         "contradictions": total["contradicted"],
+        "broken": total["broken"],
         "observations": observations,
     }

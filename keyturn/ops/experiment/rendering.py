@@ -32,8 +32,8 @@ def _counts(c: dict[str, int]) -> str:
 
 
 def table(summary: dict[str, Any]) -> str:
-    header = ("crash point", "tool", "kind", "runs", "record says", "store says", "agreed",
-              "uncertain", "contradicted")  # fmt: skip
+    header = ("point", "tool", "kind", "runs", "record says", "store says", "agreed",
+              "uncertain", "contradicted", "broken")  # fmt: skip
     lines = [
         (
             r["point"],
@@ -45,6 +45,7 @@ def table(summary: dict[str, Any]) -> str:
             str(r["agreed"]),
             str(r["uncertain"]),
             str(r["contradicted"]),
+            str(r["broken"]),
         )
         for r in summary["rows"]
     ]
@@ -55,11 +56,12 @@ def table(summary: dict[str, Any]) -> str:
 
     out = [fmt(header), fmt(tuple("-" * w for w in widths))]
     out += [fmt(x) for x in lines]
-    earlier = summary["earlierCalls"]
+    earlier, later = summary["earlierCalls"], summary["laterCalls"]
     out.append("")
     out.append(
-        f"The call before the crash point, in every turn: {_counts(earlier)}. "
-        f"Contradictions in all: {summary['contradictions']}. "
-        f"({summary['runsPerPoint']} runs per point, {summary['seconds']} s)"
+        f"The call before the point, in every turn: {_counts(earlier)}. "
+        f"The call after it, in the cancelled turns: {_counts(later) or 'none'}. "
+        f"Contradictions in all: {summary['contradictions']}; broken cancels: "
+        f"{summary['broken']}. ({summary['runsPerPoint']} runs per point, {summary['seconds']} s)"
     )
     return "\n".join(out)

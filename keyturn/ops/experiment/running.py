@@ -14,6 +14,13 @@ point are cut at the same place, by one kill). A replacement process
 interrupts the turns once their leases run out and reconciles what it can.
 Then the record (``Turn.toolCalls`` over GraphQL) is set beside the stores
 (read directly), call by call, and judged (:mod:`keyturn.ops.experiment.judging`).
+
+The ``cancelled mid-tool`` row cancels instead of killing: turns of three
+calls, each held after the intent of its second call (the other test hook,
+``KEYTURN_HOLD_AT``), get a ``cancelTurn``; once the record shows
+``turn.cancel_requested``, the held calls are released (a file appears). The
+call in flight must finish with its result, the one after it must not start,
+and the turn must end CANCELLED with the output so far.
 """
 
 from __future__ import annotations
@@ -31,11 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from keyturn.domain import ToolCallState, ToolKind, TurnStatus
+from keyturn.domain import TERMINAL_STATUSES, EventType, ToolCallState, ToolKind, TurnStatus
 from keyturn.ops.databases import throwaway_database
 from keyturn.ops.experiment import sqlite_store
 from keyturn.ops.experiment.judging import (
     CRASHED_CALL,
+    cancel_findings,
+    cancel_verdict,
     read_verdict,
     set_verdict,
     summarize,
@@ -46,6 +55,9 @@ from keyturn.ops.serverproc import ServerProcess, start_server
 from keyturn.runtime.crash import POINTS
 
 CALLS_PER_TURN = 2
+CANCELLED = "cancelled mid-tool"  # the row's point
+CANCELLED_CALLS = 3  # one before the call in flight, and one after it
+HELD_AT = f"after_intent:{CRASHED_CALL}"
 SEEDED = "seeded"  # what the store holds under every name a read asks for
 
 
@@ -84,6 +96,10 @@ _TURN = """query($id: ID!) { turn(id: $id) { id status
   toolCalls { index tool kind state effectKey result } } }"""
 _SUBMIT = """mutation($i: SubmitTurnInput!) { submitTurn(input: $i) {
   __typename ... on TurnAdmission { turn { id } } } }"""
+_CANCELLED_TURN = """query($id: ID!) { turn(id: $id) { id status output
+  events { type data } toolCalls { index tool kind state effectKey result } } }"""
+_CANCEL = """mutation($i: CancelTurnInput!) { cancelTurn(input: $i) {
+  __typename ... on TurnCancellation { replayed turn { status cancelRequested } } } }"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +113,12 @@ class Submitted:
 
 # -- processes and HTTP -------------------------------------------------------
 def _start_server(
-    database_url: str, workdir: Path, tools_file: Path, runs: int, crash_at: str | None
+    database_url: str,
+    workdir: Path,
+    tools_file: Path,
+    runs: int,
+    crash_at: str | None,
+    release: Path | None = None,
 ) -> ServerProcess:
     turns = runs * len(SUBJECTS)
     env = {
@@ -115,6 +136,9 @@ def _start_server(
     if crash_at is not None:
         env["KEYTURN_CRASH_AT"] = f"{crash_at}:{CRASHED_CALL}"
         env["KEYTURN_CRASH_AFTER"] = str(turns)
+    if release is not None:
+        env["KEYTURN_HOLD_AT"] = HELD_AT
+        env["KEYTURN_HOLD_UNTIL"] = str(release)
     return start_server(database_url, workdir, env=env)
 
 
@@ -167,7 +191,7 @@ class _Judge:
     def __init__(
         self, database_url: str, store: sqlite_store.Store, turns: list[Submitted]
     ) -> None:
-        keys = [f"{t.turn_id}/{i}" for t in turns for i in range(CALLS_PER_TURN)]
+        keys = [f"{t.turn_id}/{i}" for t in turns for i in range(len(t.names))]
         names = [name for t in turns for name in t.names]
         self.synthetic = _synthetic_counts(database_url, keys)
         self.keyed = store.applied_counts(keys)
@@ -204,12 +228,17 @@ def _read_value(call: dict[str, Any] | None) -> str | None:
 
 # -- the experiment -----------------------------------------------------------
 def _submit_all(
-    server: ServerProcess, store: sqlite_store.Store, point: str, runs: int
+    server: ServerProcess,
+    store: sqlite_store.Store,
+    point: str,
+    runs: int,
+    calls: int = CALLS_PER_TURN,
 ) -> list[Submitted]:
     turns: list[Submitted] = []
+    point = point.split()[0]  # one word: names and values are read up to a space
     for subject in SUBJECTS:
         for run in range(runs):
-            names = tuple(f"{subject.tool}-{point}-{run}-{i}" for i in range(CALLS_PER_TURN))
+            names = tuple(f"{subject.tool}-{point}-{run}-{i}" for i in range(calls))
             value = f"{point}-{run}"
             if subject.kind is ToolKind.READ_ONLY:
                 for name in names:
@@ -226,15 +255,56 @@ def _submit_all(
     return turns
 
 
-def _settled(turn: dict[str, Any], crashed: bool) -> bool:
-    if not crashed:
-        return bool(turn["status"] in (TurnStatus.COMPLETED, TurnStatus.FAILED))
+def _settled(turn: dict[str, Any], crashed: bool, cancelled: bool = False) -> bool:
     unknown = [
         c
         for c in turn["toolCalls"]
         if c["state"] == ToolCallState.OUTCOME_UNKNOWN and c["kind"] == ToolKind.IDEMPOTENT
     ]
+    if cancelled:
+        # CANCELLED, or ended otherwise (a finding): interrupted, once reconciled.
+        return turn["status"] in TERMINAL_STATUSES and not (
+            turn["status"] == TurnStatus.INTERRUPTED and unknown
+        )
+    if not crashed:
+        return bool(turn["status"] in (TurnStatus.COMPLETED, TurnStatus.FAILED))
     return bool(turn["status"] == TurnStatus.INTERRUPTED and not unknown)
+
+
+def _cancel_held(
+    server: ServerProcess, turns: list[Submitted], progress: Progress, label: str
+) -> None:
+    """Once every turn's second call is held after its intent, cancel each
+    turn (its own key) and see the record say so; the caller then releases
+    the held calls."""
+    deadline = time.monotonic() + 60
+    pending = {t.turn_id for t in turns}
+    while pending:
+        for turn_id in sorted(pending):
+            turn = _gql(server, _TURN, {"id": turn_id})["turn"]
+            calls = {c["index"]: c["state"] for c in turn["toolCalls"]}
+            if turn["status"] == TurnStatus.RUNNING and (
+                calls.get(CRASHED_CALL) == ToolCallState.OUTCOME_UNKNOWN
+            ):
+                pending.discard(turn_id)  # its intent is recorded, its result is not
+        progress(f"{label}: {len(turns) - len(pending)}/{len(turns)} turns held in a call")
+        if pending:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"turns not held in time: {sorted(pending)}")
+            time.sleep(0.25)
+    for t in turns:
+        answer = _gql(
+            server,
+            _CANCEL,
+            {"i": {"turnId": t.turn_id, "idempotencyKey": f"cancel-{t.run}", "reason": label}},
+        )["cancelTurn"]
+        running = answer.get("turn") or {}
+        if answer["__typename"] != "TurnCancellation" or not running.get("cancelRequested"):
+            raise RuntimeError(f"turn {t.turn_id}: cancelTurn answered {answer}")
+        events = _gql(server, _CANCELLED_TURN, {"id": t.turn_id})["turn"]["events"]
+        if EventType.TURN_CANCEL_REQUESTED not in [e["type"] for e in events]:
+            raise RuntimeError(f"turn {t.turn_id}: no turn.cancel_requested after cancelTurn")
+    progress(f"{label}: {len(turns)}/{len(turns)} cancels recorded")
 
 
 def _observe(
@@ -246,14 +316,16 @@ def _observe(
     crashed: bool,
     progress: Progress,
     label: str,
+    cancelled: bool = False,
 ) -> list[dict[str, Any]]:
     deadline = time.monotonic() + 120
     pending = {t.turn_id for t in turns}
     seen: dict[str, dict[str, Any]] = {}
+    query = _CANCELLED_TURN if cancelled else _TURN
     while pending:
         for turn_id in sorted(pending):
-            turn = _gql(server, _TURN, {"id": turn_id})["turn"]
-            if _settled(turn, crashed):
+            turn = _gql(server, query, {"id": turn_id})["turn"]
+            if _settled(turn, crashed, cancelled):
                 seen[turn_id] = turn
                 pending.discard(turn_id)
         progress(f"{label}: {len(turns) - len(pending)}/{len(turns)} turns settled")
@@ -265,8 +337,8 @@ def _observe(
     observations = []
     for t in turns:
         by_index = {c["index"]: c for c in seen[t.turn_id]["toolCalls"]}
-        calls = []
-        for index in range(CALLS_PER_TURN):
+        calls: list[dict[str, Any]] = []
+        for index in range(len(t.names)):
             call = by_index.get(index)
             if call is not None and call["kind"] != t.subject.kind:
                 # The tools file or the server is not what the experiment
@@ -289,17 +361,21 @@ def _observe(
                     "verdict": judged,
                 }
             )
-        observations.append(
-            {
-                "point": point,
-                "tool": t.subject.tool,
-                "kind": t.subject.kind.value,
-                "run": t.run,
-                "turnId": t.turn_id,
-                "status": seen[t.turn_id]["status"],
-                "calls": calls,
-            }
-        )
+        observation: dict[str, Any] = {
+            "point": point,
+            "tool": t.subject.tool,
+            "kind": t.subject.kind.value,
+            "run": t.run,
+            "turnId": t.turn_id,
+            "status": seen[t.turn_id]["status"],
+            "calls": calls,
+        }
+        if cancelled:
+            contradicts, broken = cancel_findings(seen[t.turn_id], CRASHED_CALL)
+            held = calls[CRASHED_CALL]
+            held["verdict"] = cancel_verdict(held["verdict"], contradicts, broken)
+            observation["cancel"] = {"contradicts": contradicts, "broken": broken}
+        observations.append(observation)
     return observations
 
 
@@ -311,8 +387,13 @@ def _run(
     observations: list[dict[str, Any]] = []
     started: list[ServerProcess] = []
 
+    release = workdir / "release-held-calls"
+
     def start(crash_at: str | None) -> ServerProcess:
-        started.append(_start_server(url, workdir, tools, runs, crash_at))
+        # Only the last server holds calls (for the cancelled row): a crash
+        # point's turns held at after_intent would never reach their kill.
+        held = release if crash_at is None else None
+        started.append(_start_server(url, workdir, tools, runs, crash_at, held))
         return started[-1]
 
     try:
@@ -334,6 +415,14 @@ def _run(
             progress(f"{label}: killed; starting a replacement")
             server = start(POINTS[n + 1] if n + 1 < len(POINTS) else None)
             observations += _observe(server, url, store, point, turns, True, progress, label)
+        label = CANCELLED
+        progress(f"{label}: running {count} turns")
+        turns = _submit_all(server, store, CANCELLED, runs, CANCELLED_CALLS)
+        _cancel_held(server, turns, progress, label)
+        release.touch()  # the held calls go on; later ones are not held
+        observations += _observe(
+            server, url, store, CANCELLED, turns, False, progress, label, cancelled=True
+        )
         label = "no crash (control)"
         progress(f"{label}: running {count} turns")
         turns = _submit_all(server, store, "none", runs)
