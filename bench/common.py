@@ -2,7 +2,7 @@
 
 Both are written against Keyturn's own tables (created by its migrations) and do
 the same durable work Keyturn does: lock the session row, claim the key through
-the unique index on ``(session_id, idempotency_key)``, insert the turn with
+the primary key of ``session_keys`` (the session's one namespace of keys), insert the turn with
 ``admit_seq = event_seq + 1``, bump ``sessions.event_seq``, append
 ``turn.started``, commit (``synchronous_commit`` stays on). Nothing here imports
 Keyturn: the peer is an independent implementation, and a test checks that its
@@ -32,12 +32,16 @@ WHERE s.id = $1
 ADMIT = """
 WITH s AS (
     SELECT id, event_seq FROM sessions WHERE id = $1 FOR UPDATE
+), k AS (
+    INSERT INTO session_keys (session_id, idempotency_key, kind, turn_id)
+    SELECT s.id, $2, 'TURN', $3 FROM s
+    ON CONFLICT DO NOTHING
+    RETURNING session_id
 ), ins AS (
     INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history,
                        status, admit_seq)
     SELECT $3, s.id, $2, $4, $5, $6, 'QUEUED', s.event_seq + 1
-    FROM s
-    ON CONFLICT (session_id, idempotency_key) DO NOTHING
+    FROM s JOIN k ON k.session_id = s.id
     RETURNING id, session_id, status, admit_seq
 ), bump AS (
     UPDATE sessions SET event_seq = ins.admit_seq

@@ -83,7 +83,10 @@ WITH s AS (
            'output ' || n, 3 * n - 2, now() - $3::interval, now() - $3::interval,
            now() - $3::interval + make_interval(secs => n), 1
     FROM s, generate_series(1, $2) n
-    RETURNING id, session_id, admit_seq
+    RETURNING id, session_id, idempotency_key, admit_seq
+), sk AS (
+    INSERT INTO session_keys (session_id, idempotency_key, kind, turn_id)
+    SELECT session_id, idempotency_key, 'TURN', id FROM t
 )
 INSERT INTO events (session_id, turn_id, seq, type, data)
 SELECT t.session_id, t.id, t.admit_seq + k,

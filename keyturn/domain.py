@@ -100,6 +100,15 @@ class ToolCallState(StrEnum):
     REJECTED = "REJECTED"  # a person or client refused it; it never ran
 
 
+class KeyKind(StrEnum):
+    """What took a key in a session's one namespace of keys (session_keys)."""
+
+    TURN = "TURN"  # a submitted turn (submitTurn)
+    RESOLUTION = "RESOLUTION"  # resolveInterruptedTurn (a RETRY's new turn shares it)
+    CANCEL = "CANCEL"  # cancelTurn
+    DECISION = "DECISION"  # decideToolCall
+
+
 class ResolutionAction(StrEnum):
     RETRY = "RETRY"  # a new turn, reusing what the interrupted one established
     ABANDON = "ABANDON"  # record turn.abandoned; nothing runs

@@ -1,9 +1,10 @@
 """The admission writes: claim a key, insert the turn, append ``turn.started``.
 
 Admission is one SQL statement in autocommit mode, so one transaction and one
-round trip. The unique index on ``(session_id, idempotency_key)`` alone decides
-which submission owns a key; a loser's statement returns no row and the caller
-reads the winner with a separate statement.
+round trip. Its first insert is the key's row in ``session_keys`` (the
+session's one namespace of keys, :mod:`keyturn.db.keys`), whose primary key
+alone decides which request owns a key; a loser's statement returns no row
+and the caller reads the winner with a separate statement.
 
 A key also answers from ``key_tombstones`` once the retention sweeper pruned
 its turn, and expires ``key_retention_s`` after its turn ended, judged on the
@@ -19,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from keyturn.db import cancels
+from keyturn.db import cancels, keys
 from keyturn.db.engine import Conn
 from keyturn.db.records import Row, TurnRecord, turn_from
 from keyturn.db.sql import Statement, append_event, columns, literal, literals
@@ -33,8 +34,6 @@ from keyturn.domain import (
     TurnStatus,
 )
 
-_DECISION_TYPES = literals((EventType.TOOL_APPROVED, EventType.TOOL_REJECTED))
-
 # When the key of turn ``t`` stops answering replays (NULL: never, or not yet
 # ended), whether that moment has passed, and the tombstone ``kt`` of a
 # pruned turn. ``:key_retention_s`` NULL is forever.
@@ -46,29 +45,10 @@ _EXPIRY = f"""
                  secs => CAST(:key_retention_s AS double precision)) <= now(),
              false) AS t_expired,
     kt.turn_id AS kt_turn_id, kt.ended_at AS kt_ended_at, kt.expired_at AS kt_expired_at,
-    (SELECT d.id FROM turns d WHERE d.session_id = {{session}} AND d.cancel_key = :key
-     UNION ALL
-     SELECT r.turn_id FROM resolutions r
-     WHERE r.session_id = {{session}} AND r.idempotency_key = :key AND r.new_turn_id IS NULL
-     UNION ALL
-     SELECT e.turn_id FROM events e
-     WHERE e.session_id = {{session}} AND e.type IN ({_DECISION_TYPES})
-       AND e.data ->> 'idempotencyKey' = :key
-     LIMIT 1) AS decided_turn_id
+    (SELECT k.turn_id FROM session_keys k
+     WHERE k.session_id = {{session}} AND k.idempotency_key = :key
+       AND k.kind <> {keys.TURN}) AS decided_turn_id
 """
-
-# One namespace of keys per session: a key a decision took (a cancel, a
-# resolution that admitted no turn, or a decision on a tool call) admits no
-# turn, as a turn's key takes no decision (keyturn.db.cancels,
-# keyturn.db.resolutions, keyturn.db.approvals).
-_DECIDED = f"""
-          AND NOT EXISTS (SELECT 1 FROM turns d
-                          WHERE d.session_id = s.id AND d.cancel_key = :key)
-          AND NOT EXISTS (SELECT 1 FROM resolutions r
-                          WHERE r.session_id = s.id AND r.idempotency_key = :key)
-          AND NOT EXISTS (SELECT 1 FROM events e
-                          WHERE e.session_id = s.id AND e.type IN ({_DECISION_TYPES})
-                            AND e.data ->> 'idempotencyKey' = :key)"""
 
 _LOOKUP = Statement(
     f"""
@@ -83,30 +63,35 @@ _LOOKUP = Statement(
 
 # The session row is locked first (FOR UPDATE), so concurrent admissions to one
 # session queue on it and each reads the counter its predecessor committed: seq
-# stays gapless and in commit order. A conflicting key inserts nothing, so the
-# later CTEs see no row, bump nothing and append nothing.
+# stays gapless and in commit order. Then the key (``k``): one namespace of keys
+# per session (keyturn.db.keys), judged by its primary key against what is
+# committed. A key any request holds (a pruned turn's too, until its tombstone
+# is forgotten) inserts nothing, so the later CTEs see no row, insert no turn,
+# bump nothing and append nothing.
 _ADMIT = Statement(
     f"""
     WITH s AS (
         SELECT id, event_seq FROM sessions
         WHERE id = :session_id AND tenant = :tenant FOR UPDATE
+    ), k AS (
+        INSERT INTO session_keys (session_id, idempotency_key, kind, turn_id)
+        SELECT s.id, :key, {keys.TURN}, :turn_id
+        FROM s
+        -- multitask REJECT: nothing of the session may be queued or running.
+        -- Sent after the session row is locked, in the same transaction
+        -- (insert_turn), so this reads what the lock now guards.
+        WHERE NOT CAST(:reject AS boolean)
+           OR NOT EXISTS (SELECT 1 FROM turns b
+                          WHERE b.session_id = s.id
+                            AND b.status IN ({literals(ACTIVE_STATUSES)}))
+        ON CONFLICT DO NOTHING
+        RETURNING session_id
     ), ins AS (
         INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history,
                            status, admit_seq)
         SELECT :turn_id, s.id, :key, :fingerprint, :input, :history,
                {literal(TurnStatus.QUEUED)}, s.event_seq + 1
-        FROM s
-        -- The key of a pruned turn is spent until its tombstone is forgotten.
-        WHERE NOT EXISTS (SELECT 1 FROM key_tombstones kt
-                          WHERE kt.session_id = s.id AND kt.idempotency_key = :key){_DECIDED}
-          -- multitask REJECT: nothing of the session may be queued or running.
-          -- Sent after the session row is locked, in the same transaction
-          -- (insert_turn), so this reads what the lock now guards.
-          AND (NOT CAST(:reject AS boolean)
-               OR NOT EXISTS (SELECT 1 FROM turns b
-                              WHERE b.session_id = s.id
-                                AND b.status IN ({literals(ACTIVE_STATUSES)})))
-        ON CONFLICT (session_id, idempotency_key) DO NOTHING
+        FROM s JOIN k ON k.session_id = s.id
         RETURNING {columns(Turn)}
     ), {
         append_event(

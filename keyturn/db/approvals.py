@@ -19,13 +19,14 @@ from typing import Any
 
 import orjson
 
+from keyturn.db import keys
 from keyturn.db.engine import Conn
 from keyturn.db.failures import DRIVER_ERRORS, violated
 from keyturn.db.leases import SESSION_OF_TURN
 from keyturn.db.records import TurnRecord, turn_from
 from keyturn.db.sql import Statement, append_event, columns, literal, literals
 from keyturn.db.tables import Turn
-from keyturn.domain import EventType, TurnStatus
+from keyturn.domain import EventType, KeyKind, TurnStatus
 
 WAITING = literal(TurnStatus.WAITING)
 DECISIONS = (EventType.TOOL_APPROVED, EventType.TOOL_REJECTED)
@@ -65,30 +66,24 @@ _DECIDE = Statement(
         WHERE turns.id = :turn_id AND turns.session_id = s.id
           AND turns.status = {WAITING} AND turns.epoch = :epoch
         RETURNING turns.id, turns.session_id
-    ), {append_event("u", type="CAST(:type AS text)", data="CAST(:data AS jsonb)")}
+    ), {keys.take("u", KeyKind.DECISION, session="u.session_id", turn="u.id")}, {
+        append_event("u", type="CAST(:type AS text)", data="CAST(:data AS jsonb)")
+    }
     SELECT seq FROM ev
     """
 )
 
-# The turn, and whatever already holds the key in its session: a decision,
-# a submitted turn, a resolution or a cancel (one namespace of keys per
-# session). The decision is found through its unique index.
+# The turn, what already holds the key in its session (one namespace of keys
+# per session, keyturn.db.keys) and, when a decision does, that decision,
+# found through its unique index.
 _LOOKUP = Statement(
     f"""
-    SELECT {columns(Turn, alias="t")},
+    SELECT {columns(Turn, alias="t")}, {keys.holder("t.session_id")},
            (SELECT jsonb_build_object('turnId', e.turn_id, 'type', e.type, 'data', e.data)
             FROM events e
             WHERE e.session_id = t.session_id AND e.type IN ({literals(DECISIONS)})
               AND e.data ->> 'idempotencyKey' = :key
-            ORDER BY e.seq LIMIT 1) AS by_key,
-           (SELECT k.id FROM turns k
-            WHERE k.session_id = t.session_id AND k.idempotency_key = :key) AS key_turn_id,
-           (SELECT r.turn_id FROM resolutions r
-            WHERE r.session_id = t.session_id AND r.idempotency_key = :key
-            UNION ALL
-            SELECT c.id FROM turns c
-            WHERE c.session_id = t.session_id AND c.cancel_key = :key
-            LIMIT 1) AS key_decided_turn
+            ORDER BY e.seq LIMIT 1) AS by_key
     FROM turns t JOIN sessions s ON s.id = t.session_id AND s.tenant = :tenant
     WHERE t.id = :turn_id
     """
@@ -152,6 +147,7 @@ async def decide(
     tenant: str,
     turn_id: uuid.UUID,
     epoch: int,
+    key: str,
     type: EventType,
     data: dict[str, Any],
 ) -> bool:
@@ -163,12 +159,13 @@ async def decide(
             tenant=tenant,
             turn_id=turn_id,
             epoch=epoch,
+            key=key,
             type=type.value,
             data=orjson.dumps(data).decode(),
         )
     except DRIVER_ERRORS as error:
         # The key was taken meanwhile: the caller judges what took it.
-        if violated(error) == ONE_DECISION_PER_KEY:
+        if violated(error) in (ONE_DECISION_PER_KEY, keys.PRIMARY_KEY):
             return False
         raise
     return seq is not None
@@ -181,10 +178,11 @@ async def lookup(
     if row is None:
         return None
     by_key = row["by_key"]
+    holder = keys.Holder.of(row)
     return turn_from(row), KeyHolder(
         decision=orjson.loads(by_key) if isinstance(by_key, str) else by_key,
-        turn_id=row["key_turn_id"],
-        decided_turn=row["key_decided_turn"],
+        turn_id=holder.turn_if(KeyKind.TURN),
+        decided_turn=holder.turn_if(KeyKind.RESOLUTION, KeyKind.CANCEL),
     )
 
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, replace
 
+from keyturn.db import keys
 from keyturn.db.engine import Conn
 from keyturn.db.records import TurnRecord, turn_from
 from keyturn.db.sql import Statement, append_event, columns, literal, literals
 from keyturn.db.tables import Turn
-from keyturn.domain import ACTIVE_STATUSES, EventType, TurnStatus
+from keyturn.domain import ACTIVE_STATUSES, EventType, KeyKind, TurnStatus
 
 _LOCK = Statement(
     """
@@ -32,25 +33,18 @@ _LOCK = Statement(
     """
 )
 
-# The turn, and what the key already names in its session: a cancel (of
-# which turn), a turn of its own, a resolution, or a decision on a tool call
-# (one namespace of keys per session, as keyturn.db.admission says).
+# The turn, and what already holds the key in its session (one namespace of
+# keys per session, keyturn.db.keys), read after the session's lock.
 _LOOKUP = Statement(
     f"""
-    SELECT {columns(Turn, alias="t", prefix="t_")},
-           (SELECT c.id FROM turns c
-            WHERE c.session_id = t.session_id AND c.cancel_key = :key) AS cancelled_turn_id,
-           (SELECT k.id FROM turns k
-            WHERE k.session_id = t.session_id AND k.idempotency_key = :key) AS key_turn_id,
-           (SELECT r.turn_id FROM resolutions r
-            WHERE r.session_id = t.session_id AND r.idempotency_key = :key) AS resolved_turn_id,
-           (SELECT e.turn_id FROM events e
-            WHERE e.session_id = t.session_id
-              AND e.type IN ({literals((EventType.TOOL_APPROVED, EventType.TOOL_REJECTED))})
-              AND e.data ->> 'idempotencyKey' = :key
-            LIMIT 1) AS decided_turn_id
+    SELECT {columns(Turn, alias="t", prefix="t_")}, {keys.holder("t.session_id")}
     FROM turns t WHERE t.id = :turn_id
     """
+)
+
+# A multitask INTERRUPT's cancel (:key NULL) takes no key.
+_TAKE_KEY = keys.take(
+    "u", KeyKind.CANCEL, session="u.session_id", turn="u.id", where="u.cancel_key IS NOT NULL"
 )
 
 _CANCEL_SET = """
@@ -67,7 +61,7 @@ _CANCEL_NOW = Statement(
         WHERE id = :turn_id AND cancel_requested_at IS NULL
           AND status IN ({literals((TurnStatus.QUEUED, TurnStatus.WAITING))})
         RETURNING turns.*
-    ), {
+    ), {_TAKE_KEY}, {
         append_event(
             "u",
             type=literal(EventType.TURN_CANCELLED),
@@ -89,7 +83,7 @@ _REQUEST = Statement(
         WHERE id = :turn_id AND cancel_requested_at IS NULL
           AND status = {literal(TurnStatus.RUNNING)}
         RETURNING turns.*
-    ), {
+    ), {_TAKE_KEY}, {
         append_event(
             "u",
             type=literal(EventType.TURN_CANCEL_REQUESTED),
@@ -197,12 +191,13 @@ async def _cancel(
         return CancelWrite(None, None)
     row = await _LOOKUP.fetchrow(conn, turn_id=turn_id, key=key)
     assert row is not None  # the session lock keeps the turn
+    holder = keys.Holder.of(row)
     found = CancelLookup(
         turn=turn_from(row, "t_"),
-        cancelled_turn_id=row["cancelled_turn_id"],
-        key_turn_id=row["key_turn_id"],
-        resolved_turn_id=row["resolved_turn_id"],
-        decided_turn_id=row["decided_turn_id"],
+        cancelled_turn_id=holder.turn_if(KeyKind.CANCEL),
+        key_turn_id=holder.turn_if(KeyKind.TURN),
+        resolved_turn_id=holder.turn_if(KeyKind.RESOLUTION),
+        decided_turn_id=holder.turn_if(KeyKind.DECISION),
     )
     taken = (
         found.cancelled_turn_id,

@@ -1,5 +1,5 @@
 """Deleting a session: its turns, events (the tool ledger with them),
-resolutions and keys, in one transaction; its deletion key is what remains.
+resolutions, tombstones and keys, in one transaction; its deletion key is what remains.
 
 The session row is locked first (FOR UPDATE), as admission, the claim and
 every event append lock it, so none of them can interleave: whatever they
@@ -40,8 +40,8 @@ def _count_deleted(table: str, column: str) -> Statement:
 
 # Children before parents: events and resolutions name turns, turns name the
 # session (and each other, retry_of: one statement deletes both ends). The
-# keys of pruned turns would go with the session (ON DELETE CASCADE); they
-# are deleted here so that their count is logged with the rest.
+# keys (and the tombstones of pruned turns) would go with the session (ON
+# DELETE CASCADE); they are deleted here so that their count is logged with the rest.
 _DELETES = tuple(
     (table, _count_deleted(table, column))
     for table, column in (
@@ -49,6 +49,7 @@ _DELETES = tuple(
         ("resolutions", "session_id"),
         ("turns", "session_id"),
         ("key_tombstones", "session_id"),
+        ("session_keys", "session_id"),
         ("sessions", "id"),
     )
 )

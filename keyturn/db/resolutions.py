@@ -1,7 +1,7 @@
 """Explicit resolutions of interrupted turns: RETRY (a new turn) or ABANDON.
 
-Like admission: one statement claims the key (unique ``(session_id,
-idempotency_key)`` on resolutions, and one resolution per turn), inserts the
+Like admission: one statement claims the key (its row in ``session_keys``,
+:mod:`keyturn.db.keys`, and one resolution per turn), inserts the
 retry turn, bumps the session's counter and appends the events; a statement
 that loses a race writes nothing and the caller reads the winner.
 """
@@ -11,12 +11,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from keyturn.db import keys
 from keyturn.db.engine import Conn
 from keyturn.db.failures import DRIVER_ERRORS, violated
 from keyturn.db.records import ResolutionRecord, TurnRecord, resolution_from, turn_from
 from keyturn.db.sql import Statement, columns, literal
 from keyturn.db.tables import Resolution, Turn
-from keyturn.domain import EventType, ResolutionAction, TurnStatus
+from keyturn.domain import EventType, KeyKind, ResolutionAction, TurnStatus
 
 RETRY = literal(ResolutionAction.RETRY)
 
@@ -24,13 +25,11 @@ _LOOKUP = Statement(
     f"""
     SELECT {columns(Turn, alias="t", prefix="t_")},
            {columns(Resolution, alias="r", prefix="r_")},
-           {columns(Resolution, alias="x", prefix="x_")},
-           k.id AS key_turn_id
+           {columns(Resolution, alias="x", prefix="x_")}, {keys.holder("t.session_id")}
     FROM turns t
     JOIN sessions s ON s.id = t.session_id AND s.tenant = :tenant
     LEFT JOIN resolutions r ON r.session_id = t.session_id AND r.idempotency_key = :key
     LEFT JOIN resolutions x ON x.turn_id = t.id
-    LEFT JOIN turns k ON k.session_id = t.session_id AND k.idempotency_key = :key
     WHERE t.id = :turn_id
     """
 )
@@ -55,11 +54,10 @@ _RESOLVE = Statement(
         SELECT :resolution_id, o.session_id, o.id, :key, :fingerprint, :action, :force,
                CAST(:new_turn_id AS uuid)
         FROM o, s
-        WHERE NOT EXISTS (SELECT 1 FROM turns k
-                          WHERE k.session_id = o.session_id AND k.idempotency_key = :key)
         ON CONFLICT DO NOTHING
         RETURNING {columns(Resolution)}
-    ), ins AS (
+    ), {keys.take("res", KeyKind.RESOLUTION, session="res.session_id", turn="res.turn_id")},
+    ins AS (
         INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history,
                            status, admit_seq, retry_of)
         SELECT res.new_turn_id, o.session_id, :key, :fingerprint, o.input, o.history,
@@ -100,7 +98,8 @@ class ResolutionLookup:
     turn: TurnRecord
     by_key: ResolutionRecord | None  # the resolution the key already names in the turn's session
     of_turn: ResolutionRecord | None  # the turn's resolution, under whatever key
-    key_turn_id: uuid.UUID | None  # a turn that already holds the key in the session
+    # The turn a submission, a cancel or a decision under the key concerns.
+    key_turn_id: uuid.UUID | None
 
 
 async def lookup(
@@ -109,11 +108,12 @@ async def lookup(
     row = await _LOOKUP.fetchrow(conn, tenant=tenant, turn_id=turn_id, key=key)
     if row is None:
         return None
+    holder = keys.Holder.of(row)
     return ResolutionLookup(
         turn=turn_from(row, "t_"),
         by_key=resolution_from(row, "r_"),
         of_turn=resolution_from(row, "x_"),
-        key_turn_id=row["key_turn_id"],
+        key_turn_id=holder.turn_if(KeyKind.TURN, KeyKind.CANCEL, KeyKind.DECISION),
     )
 
 
@@ -143,7 +143,8 @@ async def resolve(
             new_turn_id=new_turn_id,
         )
     except DRIVER_ERRORS as error:
-        # A submission took the key for a turn between our check and insert.
+        # Another request took the key between our check and insert
+        # (keyturn.db.keys), or a turn took it.
         if violated(error) is not None:
             return None
         raise

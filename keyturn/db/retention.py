@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from keyturn.db import keys
 from keyturn.db.engine import Conn
 from keyturn.db.sql import Statement, literals
 from keyturn.domain import TERMINAL_STATUSES
@@ -91,6 +92,14 @@ _FORGET_TOMBSTONES = Statement(
         DELETE FROM key_tombstones k USING candidates c, locked l
         WHERE l.id = c.session_id
           AND k.session_id = c.session_id AND k.idempotency_key = c.idempotency_key
+        RETURNING k.session_id, k.idempotency_key, k.turn_id
+    ), freed AS (
+        -- The key of the tombstone, and the keys that cancelled or decided its
+        -- turn, are free from now on (keyturn.db.keys).
+        DELETE FROM session_keys sk USING gone g
+        WHERE sk.session_id = g.session_id
+          AND (sk.idempotency_key = g.idempotency_key
+               OR (sk.turn_id = g.turn_id AND sk.kind <> {keys.TURN}))
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM candidates) AS candidates, (SELECT count(*) FROM gone) AS gone

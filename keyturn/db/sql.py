@@ -24,9 +24,10 @@ if TYPE_CHECKING:
     from keyturn.db.engine import Conn
     from keyturn.db.records import Row
 
-# A ``:name`` parameter, or a quoted literal (left alone: ``'a:b'`` is text).
+# A ``:name`` parameter, or a quoted literal or a ``--`` comment (left alone:
+# ``'a:b'`` is text, and an apostrophe in a comment opens no literal).
 # ``::type`` casts are not parameters.
-_PARAM = re.compile(r"'(?:[^']|'')*'|(?<![:\w]):([A-Za-z_]\w*)")
+_PARAM = re.compile(r"'(?:[^']|'')*'|--[^\n]*|(?<![:\w]):([A-Za-z_]\w*)")
 
 
 class Statement:

@@ -26,6 +26,7 @@ from keyturn.domain import (
     ONCE_PER_CALL_EVENTS,
     TERMINAL_STATUSES,
     EventType,
+    KeyKind,
     Multitask,
     TurnStatus,
 )
@@ -311,6 +312,40 @@ class KeyTombstone(SQLModel, table=True):
     ended_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
     expired_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
     pruned_at: datetime = Field(sa_column=_now_column())
+
+
+class SessionKey(SQLModel, table=True):
+    """Every key a session's requests took, whatever took it: one namespace.
+
+    Each write that takes a key (admission, a resolution, a cancel, a
+    decision on a tool call) inserts its row here in the same statement or
+    transaction, so the primary key alone decides which request owns a key,
+    against what is committed, not against what a statement saw when it
+    began. A key stays while anything of its turn is kept: a pruned turn's
+    keys go with its tombstone."""
+
+    __tablename__ = "session_keys"
+    __table_args__ = (
+        CheckConstraint(f"kind IN ({literals(KeyKind)})", name="kind_known"),
+        # The keys that decided a turn, found by it when its tombstone goes;
+        # partial, so that admission's TURN rows do not pay for it.
+        Index(
+            "ix_session_keys_decided",
+            "turn_id",
+            postgresql_where=text(f"kind <> {literal(KeyKind.TURN)}"),
+        ),
+    )
+
+    session_id: uuid.UUID = Field(
+        sa_column=Column(
+            ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True, nullable=False
+        )
+    )
+    idempotency_key: str = Field(sa_column=Column(Text, primary_key=True))
+    kind: str = Field(sa_column=Column(Text, nullable=False))
+    # The turn the key concerns: the one submitted, resolved, cancelled or
+    # decided (no foreign key: a pruned turn's keys outlive its row).
+    turn_id: uuid.UUID = Field(nullable=False)
 
 
 class SyntheticEffect(SQLModel, table=True):

@@ -28,6 +28,7 @@ from typing import IO, Any
 
 import orjson
 
+from keyturn.db import keys
 from keyturn.db import transfer as db
 from keyturn.db.engine import Conn, Engine, connect
 from keyturn.errors import TransferRefused
@@ -259,6 +260,8 @@ async def _load(
         wrong = await db.check_imported(conn, session_id=sid, event_seq=session["event_seq"])
         if wrong is not None:
             raise TransferRefused(wrong)
+        # The keys are derived from the record, not carried in the file.
+        await keys.rebuild(conn, session_id=sid)
     if progress is not None:
         progress.finish()
     return Transferred(sid, counts, already_present=present)

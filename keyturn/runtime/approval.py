@@ -209,6 +209,7 @@ async def decide(*, engine: Engine, request: DecisionRequest, tenant: str) -> De
                 tenant=tenant,
                 turn_id=turn.id,
                 epoch=turn.epoch,
+                key=request.idempotency_key,
                 type=_EVENT[request.decision],
                 data=data,
             ):

@@ -206,6 +206,63 @@ async def test_keys_of_cancels_and_of_turns_share_one_namespace(client: GraphQLC
     assert submitted["existingTurnId"] == queued
 
 
+async def _waiting_for_locks(db: Any, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        waiting = await db.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        if waiting >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"fewer than {count} requests waited for the session's lock")
+
+
+async def test_a_submission_that_waited_behind_a_cancel_for_its_new_key_takes_nothing(
+    client: GraphQLClient, db: Any
+) -> None:
+    """The moment a shared namespace could split: a submission found the key
+    free, then waited for the session's lock while a cancel under the same
+    key held it and committed. The submission's key is judged against what
+    is committed when its turn would go in, so it answers IdempotencyConflict
+    and writes nothing, rather than recording a turn beside the cancel."""
+    sid = await client.create_session()
+    blocker = (await client.submit(sid, "blocker", "/sleep 3000"))["turn"]["id"]
+    queued = (await client.submit(sid, "queued", "queued"))["turn"]["id"]
+    holding = db.transaction()
+    await holding.start()
+    try:
+        await db.execute("SELECT 1 FROM sessions WHERE id = $1::uuid FOR UPDATE", sid)
+        # The cancel queues first for the lock, then the submission, which
+        # has already found the key free.
+        cancelling = asyncio.create_task(cancel(client, queued, "shared"))
+        await _waiting_for_locks(db, 1)
+        submitting = asyncio.create_task(client.submit(sid, "shared", "hello"))
+        await _waiting_for_locks(db, 2)
+    finally:
+        await holding.commit()
+    cancelled, submitted = await cancelling, await submitting
+    assert cancelled["__typename"] == "TurnCancellation", cancelled
+    assert submitted["__typename"] == "IdempotencyConflict", submitted
+    assert submitted["existingTurnId"] == queued
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM turns WHERE session_id = $1::uuid AND idempotency_key = 'shared'",
+            sid,
+        )
+        == 0
+    )
+    # One event under the key: the cancel's.
+    under_key = await db.fetch(
+        "SELECT type FROM events WHERE session_id = $1::uuid"
+        " AND data ->> 'idempotencyKey' = 'shared'",
+        sid,
+    )
+    assert [r["type"] for r in under_key] == ["turn.cancelled"]
+    await cancel(client, blocker, "stop-blocker")
+
+
 async def test_an_ended_turn_is_not_cancellable_and_a_cancelled_one_is_already_cancelled(
     client: GraphQLClient,
 ) -> None:

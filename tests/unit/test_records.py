@@ -36,3 +36,9 @@ def test_statement_numbers_named_parameters_once_each() -> None:
     s = Statement("SELECT :a, :b, :a::text, ':not_a_param', x::int FROM t WHERE y = :b")
     assert s.sql == "SELECT $1, $2, $1::text, ':not_a_param', x::int FROM t WHERE y = $2"
     assert s.names == ("a", "b")
+
+
+def test_an_apostrophe_in_a_comment_opens_no_literal() -> None:
+    s = Statement("SELECT :a -- the turn's key\nFROM t WHERE y = :b AND z = 'x:y'")
+    assert s.sql == "SELECT $1 -- the turn's key\nFROM t WHERE y = $2 AND z = 'x:y'"
+    assert s.names == ("a", "b")
