@@ -1,5 +1,5 @@
 """The PNG of a run: throughput of the admission rows on both scopes, and
-each target as measured against its goal."""
+each target as measured against what it must reach (and its goal)."""
 
 from __future__ import annotations
 
@@ -44,13 +44,16 @@ def draw(result: Result, path: Path) -> None:
         if value is None or value != value:
             score = 0.0
         elif t["cmp"] == ">=":
-            score = value / t["goal"]
+            score = value / t["must"]
         else:
-            score = t["goal"] / value if value else 10.0
+            score = t["must"] / value if value else 10.0
         labels.append(t["label"])
         scores.append(min(score, 3.0))
-        notes.append("n/a" if value is None else f"{value:.2f} {t['unit']} ({t['target']})")
-        colors.append("#228833" if t["met"] else "#cc3311")
+        goal = f", goal {t['goal_target']}" if t["goal"] != t["must"] else ""
+        notes.append(
+            "n/a" if value is None else f"{value:.2f} {t['unit']} (must {t['target']}{goal})"
+        )
+        colors.append(_COLORS[t["verdict"]] if t["judged"] else "#999999")
     ys = list(range(len(labels)))[::-1]
     right.barh(ys, scores, color=colors)
     right.axvline(1.0, color="black", linewidth=1)
@@ -58,14 +61,19 @@ def draw(result: Result, path: Path) -> None:
         right.text(s + 0.03, y, note, va="center", fontsize=7)
     right.set_yticks(ys, labels, fontsize=8)
     right.set_xlim(0, 3.6)
-    right.set_xlabel("measured vs target (≥ 1 meets it; capped at 3)")
-    right.set_title("Targets", fontsize=10)
+    right.set_xlabel("measured vs must reach (≥ 1 meets it; capped at 3)")
+    smoke = " (smoke: sizes too small to judge)" if result["meta"]["smoke"] else ""
+    right.set_title(f"Targets{smoke}", fontsize=10)
     fig.suptitle(
         f"Keyturn benchmark, {result['meta']['date']} — {result['meta']['summary']}", fontsize=10
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# Goal met, met, not met, nothing measured.
+_COLORS = {"goal met": "#117733", "met": "#44aa99", "NOT met": "#cc3311", "n/a": "#999999"}
 
 
 def _throughput(row: RowOut | None) -> float:

@@ -69,10 +69,13 @@ def server_version(admin_url: str) -> str:
 
 
 @contextlib.contextmanager
-def target_databases(admin_url: str) -> Iterator[dict[str, str]]:
-    """One database per target (floor, peer, Keyturn), each a copy of one
-    migrated template, so every row writes the same tables with the same
-    indexes and none reads tables another grew; all dropped on exit."""
+def target_databases(
+    admin_url: str, targets: tuple[str, ...] = TARGETS
+) -> Iterator[dict[str, str]]:
+    """One database per target (floor, peer, Keyturn, unless ``targets``
+    names others), each a copy of one migrated template, so every row writes
+    the same tables with the same indexes and none reads tables another grew;
+    all dropped on exit."""
     with contextlib.ExitStack() as stack:
         template = stack.enter_context(throwaway_database(admin_url, prefix="keyturn_bench_tpl"))
         progress("migrating a template database (Keyturn's migrations)")
@@ -82,7 +85,7 @@ def target_databases(admin_url: str) -> Iterator[dict[str, str]]:
             target: stack.enter_context(
                 throwaway_database(admin_url, prefix=f"keyturn_bench_{target}", template=name)
             )
-            for target in TARGETS
+            for target in targets
         }
 
 

@@ -14,7 +14,8 @@ from tests.support import ROOT
 
 ROWS = {"a.many", "a.hot", "b.many", "b.hot", "b'.many", "b'.hot", "c.many", "c.hot"}
 ROWS |= {"d.many", "d.hot", "c½", "e", "f", "f'"}
-TARGETS = {"c/b", "c/a", "d/c", "c_half_p99", "fanout_p99", "sub_kib", "page_p50"}
+TARGETS = {"c/b", "d/b'", "f/f'", "c_half_p99", "fanout_p99", "sub_kib"}
+TARGETS |= {"c/a", "d/c", "page_p50"}
 
 
 def test_peer_fingerprint_is_keyturns() -> None:
@@ -27,6 +28,24 @@ def test_peer_fingerprint_is_keyturns() -> None:
             assert peer_fingerprint(input=text, history=history.value) == fingerprint(
                 input=text, history=history
             )
+
+
+def test_a_target_is_met_at_what_it_must_reach_and_its_goal_beyond() -> None:
+    from bench.targets import Target, judge, line
+
+    ratio = Target("c/b", "new keys / the peer's", ">=", 0.6, 1.0, "x")
+    latency = Target("p99", "p99", "<=", 25.0, 10.0, "ms")
+    cases: list[tuple[Target, float | None, str]] = [(ratio, 0.59, "NOT met"), (ratio, 0.6, "met")]
+    cases += [(ratio, 1.0, "goal met")]
+    cases += [(latency, 25.1, "NOT met"), (latency, 25.0, "met"), (latency, 9.9, "goal met")]
+    cases += [(ratio, None, "n/a"), (ratio, float("nan"), "n/a")]
+    for target, value, verdict in cases:
+        judged = judge(target, value)
+        assert judged["verdict"] == verdict, (target, value, judged)
+        assert judged["verdict"] in line(judged) and "must " + judged["target"] in line(judged)
+        assert "smoke" not in line(judged)
+    smoke = judge(ratio, 0.7, smoke=True)
+    assert smoke["verdict"] == "met" and "(smoke: sizes too small to judge)" in line(smoke)
 
 
 @pytest.mark.slow
@@ -55,7 +74,12 @@ def test_bench_smoke_writes_every_row(server_url: str, tmp_path: Path) -> None:
         assert answers[rid]["replayed"] > 0, (rid, answers[rid])
         assert answers[rid]["accepted"] == answers[rid]["other"] == 0, (rid, answers[rid])
     assert {t["key"] for t in result["targets"]} == TARGETS
-    assert all(t["measured"] is not None for t in result["targets"])
+    for target in result["targets"]:
+        assert target["measured"] is not None, target
+        # Judged like a full run's, but marked: smoke sizes say nothing.
+        assert target["verdict"] in ("goal met", "met", "NOT met"), target
+        assert target["met"] == (target["verdict"] != "NOT met"), target
+        assert target["judged"] is False, target
     for scope in ("many", "hot"):
         assert set(result["ratios"][scope]) >= {"c/a", "c/b", "d/c"}
     fan = next(row for row in result["rows"] if row["id"] == "e")["detail"]
@@ -63,4 +87,11 @@ def test_bench_smoke_writes_every_row(server_url: str, tmp_path: Path) -> None:
 
     png = (tmp_path / "smoke.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
-    assert "targets" in proc.stdout
+    # After the table, one line per target: measured, must reach, goal, verdict.
+    printed = proc.stdout[proc.stdout.index("targets (measured, must reach, goal)") :]
+    for target in result["targets"]:
+        lines = [x for x in printed.splitlines() if x.split()[:1] == [target["key"]]]
+        assert len(lines) == 1, (target["key"], printed)
+        assert f"must {target['target']}" in lines[0], lines[0]
+        assert target["verdict"] in lines[0], lines[0]
+        assert "(smoke: sizes too small to judge)" in lines[0], lines[0]

@@ -1,0 +1,119 @@
+"""The statements whose cost must not grow with the record read through an
+index: a page of events or of sessions is a keyset range read in order (no
+sort of everything before it), the claim reads the queue's index, the sweep
+the index of running leases, admission's lookup its keys.
+
+Planned on a small seeded record with sequential and bitmap scans priced out
+of reach, so each plan answers "is there an index this statement can read, in
+the order it asks for", which is what a large record would otherwise find out
+(``python -m bench.scale`` measures it on 1,000,000 events). On a small range
+a bitmap read sorted afterwards is as cheap, and the planner may choose it;
+what must not be missing is the ordered index read."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bench.scale import expire_leases, queue_turns, seed_sessions
+from keyturn.db import admission, leases, reads
+from keyturn.db.sql import Statement
+
+TABLES = {"sessions", "turns", "events", "session_keys", "key_tombstones"}
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+async def _plan(db: Any, stmt: Statement, **params: Any) -> list[dict[str, Any]]:
+    """The plan's nodes, planned (not run) with these values."""
+    args = [params[name] for name in stmt.names]
+    raw = await db.fetchval(f"EXPLAIN (FORMAT JSON) {stmt.sql}", *args)
+    return list(_nodes(json.loads(raw)[0]["Plan"]))
+
+
+def _scans(nodes: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """(node type, table, index) of every scan of a table of the record."""
+    return {
+        (n["Node Type"], n["Relation Name"], n.get("Index Name", ""))
+        for n in nodes
+        if n.get("Relation Name") in TABLES
+    }
+
+
+def _indexes(nodes: list[dict[str, Any]]) -> set[str]:
+    return {n["Index Name"] for n in nodes if "Index Name" in n}
+
+
+def _no_seq_scan(nodes: list[dict[str, Any]]) -> None:
+    seq = {table for kind, table, _ in _scans(nodes) if kind == "Seq Scan"}
+    assert not seq, f"sequential scan of {seq}: {_scans(nodes)}"
+
+
+@pytest.fixture
+async def record(db: Any) -> dict[str, Any]:
+    """A long session, some short ones, a queue and expired leases; analyzed."""
+    await seed_sessions(db, 1, 400)  # 2,000 events
+    await seed_sessions(db, 40, 3, first=1)
+    await queue_turns(db, 30, 2)
+    await expire_leases(db, 5)
+    await db.execute("ANALYZE")
+    await db.execute("SET enable_seqscan = off")
+    await db.execute("SET enable_bitmapscan = off")
+    first = await db.fetchrow("SELECT id, created_at FROM sessions ORDER BY created_at, id")
+    return {"long": first["id"], "after": (first["created_at"], first["id"])}
+
+
+@pytest.mark.parametrize("after", [0, 1000, 1900])
+async def test_a_page_of_events_is_a_range_of_the_session_seq_index(
+    db: Any, record: dict[str, Any], after: int
+) -> None:
+    nodes = await _plan(db, reads._EVENTS_AFTER, session_id=record["long"], after=after, limit=101)
+    assert ("Index Scan", "events", "uq_events_session_id_seq") in _scans(nodes)
+    assert not [n for n in nodes if n["Node Type"] == "Sort"], "the page sorts what it read"
+    _no_seq_scan(nodes)
+
+    nodes = await _plan(
+        db, reads._EVENTS_BEFORE, session_id=record["long"], before=after + 1, limit=101
+    )
+    assert ("Index Scan", "events", "uq_events_session_id_seq") in _scans(nodes)
+    assert not [n for n in nodes if n["Node Type"] == "Sort"]
+
+
+async def test_a_page_of_sessions_is_a_range_of_the_tenant_index(
+    db: Any, record: dict[str, Any]
+) -> None:
+    after_ts, after_id = record["after"]
+    nodes = await _plan(
+        db, reads._SESSIONS_AFTER, tenant="", after_ts=after_ts, after_id=after_id, limit=101
+    )
+    assert {table for _, table, _ in _scans(nodes)} == {"sessions"}
+    assert {index for _, _, index in _scans(nodes)} == {"ix_sessions_tenant_created"}
+    assert not [n for n in nodes if n["Node Type"] == "Sort"], "the page sorts what it read"
+
+
+async def test_the_claim_reads_the_queue_index(db: Any, record: dict[str, Any]) -> None:
+    nodes = await _plan(db, leases._CLAIM, owner="w", ttl=10.0, limit=32)
+    assert "ix_turns_queued" in _indexes(nodes)
+    _no_seq_scan(nodes)
+
+
+async def test_the_sweep_reads_the_index_of_running_leases(db: Any, record: dict[str, Any]) -> None:
+    nodes = await _plan(db, leases._INTERRUPT_EXPIRED, by="w")
+    assert "ix_turns_running_lease" in _indexes(nodes)
+    _no_seq_scan(nodes)
+
+
+async def test_the_admission_lookup_reads_by_key(db: Any, record: dict[str, Any]) -> None:
+    params = {"tenant": "", "session_id": record["long"], "key": "old-7", "key_retention_s": None}
+    nodes = await _plan(db, admission._LOOKUP, **params)
+    _no_seq_scan(nodes)
+    row = await db.fetchrow(admission._LOOKUP.sql, *[params[n] for n in admission._LOOKUP.names])
+    assert row["t_idempotency_key"] == "old-7" and isinstance(row["t_id"], uuid.UUID)
