@@ -3,12 +3,15 @@
 Each is one short statement in autocommit mode. No row lock outlives its
 statement, so nothing is locked while a model or a tool works. Every write for
 a claimed turn names the epoch its claim received; a write whose epoch no
-longer matches touches nothing (the caller records the refusal).
+longer matches touches nothing (the caller records the refusal). Claims,
+renewals and finishes take several turns in one statement, each row behind
+its own epoch fence.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,39 +87,77 @@ _CLAIM = Statement(
     """
 )
 
+# One renewal for every turn a process runs, each row fenced by its own
+# epoch. A row another transaction holds (a finish, a cancel, a sweep) is
+# skipped rather than waited for: a renewal that waits on no lock can never
+# close a cycle with the writers that take several turns, and the row read
+# as still its owner's in the statement's snapshot is answered as busy (try
+# again shortly), never as refused.
 _RENEW = Statement(
     f"""
-    UPDATE turns SET lease_until = now() + make_interval(secs => :ttl)
-    WHERE id = :turn_id AND epoch = :epoch AND status = {RUNNING}
-    RETURNING id, cancel_requested_at IS NOT NULL AS cancel_requested
+    WITH x AS (
+        SELECT * FROM unnest(CAST(:turn_ids AS uuid[]), CAST(:epochs AS bigint[]))
+            AS x(id, epoch)
+    ), l AS (
+        SELECT t.id FROM turns t JOIN x ON x.id = t.id AND x.epoch = t.epoch
+        WHERE t.status = {RUNNING}
+        FOR UPDATE OF t SKIP LOCKED
+    ), u AS (
+        UPDATE turns SET lease_until = now() + make_interval(secs => :ttl)
+        FROM l WHERE turns.id = l.id
+        RETURNING turns.id, turns.cancel_requested_at IS NOT NULL AS cancel_requested
+    )
+    SELECT x.id, u.id IS NOT NULL AS renewed, COALESCE(u.cancel_requested, false)
+                AS cancel_requested,
+           u.id IS NULL AND EXISTS (SELECT 1 FROM turns t
+                                   WHERE t.id = x.id AND t.epoch = x.epoch
+                                     AND t.status = {RUNNING}) AS busy
+    FROM x LEFT JOIN u ON u.id = x.id
     """
 )
 
-# The end, and with it the turn's last turn.delta when the model left text
-# not yet recorded (:delta not NULL): one statement, one commit, two events,
-# the delta's seq just before the end's.
+# The ends of several running turns, each with its last turn.delta when the
+# model left text not yet recorded (its delta not NULL): one statement, one
+# commit, and per turn the delta's seq just before the end's. Each row keeps
+# its own epoch fence; a row whose fence fails is left out of the answer.
+# The sessions are locked in id order before any turn row (the lock order of
+# every writer, above), so two batches, or a batch and an admission, cannot
+# wait on each other in a cycle. One turn per session at most is RUNNING, so
+# a session gets the events of one end.
 _FINISH = Statement(
     f"""
-    WITH {SESSION_OF_TURN}, u AS (
-        UPDATE turns SET status = :status, output = :output, error = :error,
+    WITH x AS (
+        SELECT * FROM unnest(
+            CAST(:turn_ids AS uuid[]), CAST(:epochs AS bigint[]), CAST(:statuses AS text[]),
+            CAST(:outputs AS text[]), CAST(:errors AS text[]), CAST(:types AS text[]),
+            CAST(:datas AS jsonb[]), CAST(:deltas AS jsonb[])
+        ) AS x(id, epoch, status, output, error, type, data, delta)
+    ), s AS (
+        SELECT sessions.id FROM sessions
+        WHERE sessions.id IN (SELECT t.session_id FROM turns t JOIN x ON x.id = t.id)
+        ORDER BY sessions.id
+        FOR UPDATE OF sessions
+    ), u AS (
+        UPDATE turns SET status = x.status, output = x.output, error = x.error,
                completed_at = now(), lease_until = NULL
-        FROM s
-        WHERE turns.id = :turn_id AND turns.session_id = s.id
-          AND turns.epoch = :epoch AND turns.status = {RUNNING}
-        RETURNING turns.*
-    ), x (back, type, data) AS (
-        VALUES (1, {literal(EventType.TURN_DELTA)}, CAST(:delta AS jsonb)),
-               (0, CAST(:type AS text), CAST(:data AS jsonb))
+        FROM x, s
+        WHERE turns.id = x.id AND turns.session_id = s.id
+          AND turns.epoch = x.epoch AND turns.status = {RUNNING}
+        RETURNING turns.*, x.type AS end_type, x.data AS end_data, x.delta AS end_delta
+    ), e (turn_id, session_id, back, type, data) AS (
+        SELECT id, session_id, 1, {literal(EventType.TURN_DELTA)}, end_delta
+        FROM u WHERE end_delta IS NOT NULL
+        UNION ALL
+        SELECT id, session_id, 0, end_type, end_data FROM u
     ), bump AS (
-        UPDATE sessions SET event_seq = sessions.event_seq + (SELECT count(*) FROM x
-                                                              WHERE x.data IS NOT NULL)
-        FROM u WHERE sessions.id = u.session_id
+        UPDATE sessions SET event_seq = sessions.event_seq + n.n
+        FROM (SELECT session_id, count(*) AS n FROM e GROUP BY session_id) n
+        WHERE sessions.id = n.session_id
         RETURNING sessions.id, sessions.event_seq
     ), ev AS (
         INSERT INTO events (session_id, turn_id, seq, type, data)
-        SELECT u.session_id, u.id, bump.event_seq - x.back, x.type, x.data
-        FROM u JOIN bump ON bump.id = u.session_id CROSS JOIN x
-        WHERE x.data IS NOT NULL
+        SELECT e.session_id, e.turn_id, bump.event_seq - e.back, e.type, e.data
+        FROM e JOIN bump ON bump.id = e.session_id
     )
     SELECT {_U} FROM u
     """
@@ -280,10 +321,67 @@ class Renewal:
     cancel_requested: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Renewals:
+    """The answer to one renewal of several leases, by turn."""
+
+    renewed: dict[uuid.UUID, Renewal]
+    # Still its owner's but held by another writer this moment: not renewed
+    # this time, not refused either; ask again soon.
+    busy: frozenset[uuid.UUID]
+    # The epoch or status no longer matched: the lease passed on.
+    refused: frozenset[uuid.UUID]
+
+
+async def renew_many(
+    conn: Conn, *, leases: Sequence[tuple[uuid.UUID, int]], ttl_s: float
+) -> Renewals:
+    """Renew the leases of the ``(turn, epoch)`` pairs in one statement."""
+    rows = await _RENEW.fetch(
+        conn, turn_ids=[t for t, _ in leases], epochs=[e for _, e in leases], ttl=ttl_s
+    )
+    renewed = {r["id"]: Renewal(bool(r["cancel_requested"])) for r in rows if r["renewed"]}
+    busy = frozenset(r["id"] for r in rows if r["busy"])
+    refused = frozenset(r["id"] for r in rows if not r["renewed"] and not r["busy"])
+    return Renewals(renewed, busy, refused)
+
+
 async def renew(conn: Conn, *, turn_id: uuid.UUID, epoch: int, ttl_s: float) -> Renewal | None:
-    """The renewal, or None when the epoch or status no longer matched."""
-    row = await _RENEW.fetchrow(conn, turn_id=turn_id, epoch=epoch, ttl=ttl_s)
-    return Renewal(bool(row["cancel_requested"])) if row is not None else None
+    """The renewal, or None when the epoch or status no longer matched (or
+    the row was held by another writer: no renewal either way)."""
+    return (await renew_many(conn, leases=[(turn_id, epoch)], ttl_s=ttl_s)).renewed.get(turn_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The end of one running turn, as :func:`finish_many` writes it."""
+
+    turn_id: uuid.UUID
+    epoch: int
+    status: TurnStatus
+    event_type: EventType
+    output: str | None
+    error: str | None
+    data: dict[str, Any]
+    # The data of the turn's last ``turn.delta``, appended just before the end.
+    delta: dict[str, Any] | None = None
+
+
+async def finish_many(conn: Conn, finishes: Sequence[Finish]) -> dict[uuid.UUID, TurnRecord]:
+    """The turns finished, by id, in one statement; a turn whose epoch or
+    status no longer matched is not among them."""
+    rows = await _FINISH.fetch(
+        conn,
+        turn_ids=[f.turn_id for f in finishes],
+        epochs=[f.epoch for f in finishes],
+        statuses=[f.status.value for f in finishes],
+        outputs=[f.output for f in finishes],
+        errors=[f.error for f in finishes],
+        types=[f.event_type.value for f in finishes],
+        datas=[orjson.dumps(f.data).decode() for f in finishes],
+        deltas=[orjson.dumps(f.delta).decode() if f.delta is not None else None for f in finishes],
+    )
+    return {turn.id: turn for turn in map(turn_from, rows)}
 
 
 async def finish(
@@ -301,18 +399,8 @@ async def finish(
     """The finished turn, or None when the epoch or status no longer matched.
     ``delta``, when given, is the data of the turn's last ``turn.delta``,
     appended just before the end."""
-    row = await _FINISH.fetchrow(
-        conn,
-        turn_id=turn_id,
-        epoch=epoch,
-        status=status,
-        type=event_type,
-        output=output,
-        error=error,
-        data=orjson.dumps(data).decode(),
-        delta=orjson.dumps(delta).decode() if delta is not None else None,
-    )
-    return turn_from(row) if row is not None else None
+    one = Finish(turn_id, epoch, status, event_type, output, error, data, delta)
+    return (await finish_many(conn, [one])).get(turn_id)
 
 
 async def interrupt_expired(conn: Conn, *, by: str) -> list[TurnRecord]:

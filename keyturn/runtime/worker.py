@@ -2,10 +2,12 @@
 
 Any process may run any queued turn. A claim is one short statement that sets
 the owner, a lease on the database clock and a new epoch; no row stays locked
-while the model works. The owner renews the lease; every later write names
-the epoch, so a worker whose lease passed on has its writes refused (and the
-refusal recorded). A lease that runs out marks its turn INTERRUPTED: Keyturn
-never runs a turn a second time on its own.
+while the model works. The owner renews the leases of all its turns in one
+statement per tick, and turns that end together are finished by one
+(:mod:`keyturn.runtime.finisher`); every later write names the epoch, so a
+worker whose lease passed on has its writes refused (and the refusal
+recorded). A lease that runs out marks its turn INTERRUPTED: Keyturn never
+runs a turn a second time on its own.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from keyturn.runtime.approval import ApprovalPolicy
 from keyturn.runtime.bus import EventBus
 from keyturn.runtime.cancel import CancelSignal
 from keyturn.runtime.crash import CrashHook
+from keyturn.runtime.finisher import Finisher
 from keyturn.runtime.ledger import tool_calls
 from keyturn.runtime.model import Model, PastTurn, ToolOutcome
 from keyturn.runtime.output import DeltaRecorder, Output
@@ -68,6 +71,8 @@ class _Running:
     checking_cancel: bool = False  # a read of the turn's cancel is under way
     # The turn ended in the record (finished or handed back), not left to its lease.
     ended: bool = False
+    # When its lease runs out unless renewed first (the loop's clock): for the log.
+    lease_deadline: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,10 @@ class Worker:
         self._started: set[tuple[uuid.UUID, int]] = set()
         self._claim_unknown = False
         self._running: dict[uuid.UUID, _Running] = {}
+        # Every running turn's lease is renewed by one statement per tick, and
+        # the turns that end together are finished by one.
+        self._renewer: asyncio.Task[None] | None = None
+        self.finisher = Finisher(engine)
         self._cancel_checks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._stopping = False
@@ -203,6 +212,10 @@ class Worker:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=10)
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.gather(self._renewer, return_exceptions=True)
+            self._renewer = None
 
     # -- the loop --------------------------------------------------------
     async def run(self) -> None:
@@ -306,16 +319,20 @@ class Worker:
                 log.info("claim lost a race on a session; retrying")
                 continue
             turns = claim.turns
-            if not turns:
-                return
             for turn in turns:
                 self._start(turn)
+            if len(turns) < free:
+                # Fewer than asked for: nothing else was claimable. What
+                # becomes so later (an admission, a turn's end) wakes the loop.
+                return
 
     def _start(self, turn: TurnRecord) -> None:
         self.claimed += 1
         self.bus.committed(turn.session_id)
-        running = _Running(turn)
+        running = _Running(turn, lease_deadline=self._now() + self.settings.lease_ttl_s)
         self._running[turn.id] = running
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.create_task(self._renew_leases(), name="keyturn-renewer")
         self.runner.cancels[turn.id] = running.cancel
         if turn.cancel_requested_at is not None:
             # Asked while it waited, or while a claim's answer was lost.
@@ -342,7 +359,6 @@ class Worker:
     # -- one turn --------------------------------------------------------
     async def _execute(self, running: _Running) -> None:
         turn = running.turn
-        renewer = asyncio.create_task(self._renew(running))
         output = Output(
             record=DeltaRecorder(
                 engine=self.engine,
@@ -401,7 +417,6 @@ class Worker:
             raise
         finally:
             output.abandon()
-            renewer.cancel()
             if running.ended:
                 self._started.discard((turn.id, turn.epoch))
             self._running.pop(turn.id, None)
@@ -440,38 +455,53 @@ class Worker:
             break
         return await self.runner.produce(turn, past, output)
 
-    async def _renew(self, running: _Running) -> None:
-        """Renew the lease until the turn ends. Any error is retried: a renewal
-        task that died would let a healthy turn's lease run out. Past the
-        deadline it still tries, since the epoch decides: a renewal the record
-        accepts means nobody has interrupted the turn."""
-        turn = running.turn
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.lease_ttl_s
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    async def _renew_leases(self) -> None:
+        """Renew the lease of every turn this process runs, in one statement
+        per tick, until the worker stops. Any error is retried: a renewal
+        loop that died would let healthy turns' leases run out. Past a
+        turn's deadline it still tries, since the epoch decides: a renewal the
+        record accepts means nobody has interrupted the turn."""
         delay = self.settings.lease_renew_s
         while True:
             await asyncio.sleep(delay)
-            sent = loop.time()
+            delay = self.settings.lease_renew_s
+            held = [r for r in self._running.values() if not r.lease_lost.is_set()]
+            if not held:
+                continue
+            sent = self._now()
             try:
                 async with connect(self.engine) as conn:
-                    ok = await leases.renew(
-                        conn, turn_id=turn.id, epoch=turn.epoch, ttl_s=self.settings.lease_ttl_s
+                    answer = await leases.renew_many(
+                        conn,
+                        leases=[(r.turn.id, r.turn.epoch) for r in held],
+                        ttl_s=self.settings.lease_ttl_s,
                     )
             except Exception as error:
-                late = " past its deadline" if loop.time() > deadline else ""
+                late = sum(1 for r in held if self._now() > r.lease_deadline)
                 log.warning(
-                    "turn %s: lease renewal failed%s (%r); will retry", turn.id, late, error
+                    "lease renewal of %d turn(s) failed%s (%r); will retry",
+                    len(held),
+                    f", {late} past their deadline" if late else "",
+                    error,
                 )
                 # Sooner than a regular renewal, to renew before the deadline.
                 delay = self.settings.lease_renew_s / 2
                 continue
-            if not ok:
-                running.lease_lost.set()
-                return
-            if ok.cancel_requested:
-                self._check_cancel(running)
-            deadline = sent + self.settings.lease_ttl_s
-            delay = self.settings.lease_renew_s
+            for running in held:
+                renewal = answer.renewed.get(running.turn.id)
+                if renewal is not None:
+                    running.lease_deadline = sent + self.settings.lease_ttl_s
+                    if renewal.cancel_requested:
+                        self._check_cancel(running)
+                elif running.turn.id in answer.refused:
+                    running.lease_lost.set()
+                else:
+                    # Held by another writer this moment: ask again soon.
+                    delay = self.settings.lease_renew_s / 2
 
     async def _finish_cancelled(
         self, turn: TurnRecord, signal: CancelSignal, produced: Output
@@ -537,42 +567,35 @@ class Worker:
         if error is not None:
             data["error"] = error
         data.update(extra or {})
+        request = leases.Finish(turn.id, turn.epoch, status, event_type, output, error, data, delta)
         # Retry through a database outage for as long as the lease could hold.
         deadline = asyncio.get_running_loop().time() + self.settings.lease_ttl_s
         refused = False
         while True:
             try:
-                async with connect(self.engine) as conn:
-                    done = await leases.finish(
-                        conn,
-                        turn_id=turn.id,
-                        epoch=turn.epoch,
-                        status=status,
-                        event_type=event_type,
-                        output=output,
-                        error=error,
-                        data=data,
-                        delta=delta,
-                    )
-                    # A refusal may be this worker's own earlier attempt, whose
-                    # commit answer was lost: then the turn is finished.
-                    if done is None and not await leases.finished_by(
-                        conn, turn_id=turn.id, epoch=turn.epoch, owner=self.owner, status=status
-                    ):
-                        await leases.record_refused_write(
-                            conn,
-                            turn_id=turn.id,
-                            epoch=turn.epoch,
-                            attempted=event_type,
-                            by=self.owner,
-                        )
-                        log.warning(
-                            "turn %s: %s refused, epoch %s is stale",
-                            turn.id,
-                            event_type,
-                            turn.epoch,
-                        )
-                        refused = True
+                # Written together with the other turns that end meanwhile.
+                done = await self.finisher.finish(request)
+                if done is None:
+                    async with connect(self.engine) as conn:
+                        # A refusal may be this worker's own earlier attempt,
+                        # whose commit answer was lost: then the turn is finished.
+                        if not await leases.finished_by(
+                            conn, turn_id=turn.id, epoch=turn.epoch, owner=self.owner, status=status
+                        ):
+                            await leases.record_refused_write(
+                                conn,
+                                turn_id=turn.id,
+                                epoch=turn.epoch,
+                                attempted=event_type,
+                                by=self.owner,
+                            )
+                            log.warning(
+                                "turn %s: %s refused, epoch %s is stale",
+                                turn.id,
+                                event_type,
+                                turn.epoch,
+                            )
+                            refused = True
                 break
             except DatabaseUnavailable:
                 if asyncio.get_running_loop().time() > deadline:

@@ -14,6 +14,7 @@ from keyturn.db import leases
 from keyturn.db.engine import connect, create_engine
 from keyturn.domain import EventType, History, TurnStatus
 from keyturn.runtime.admission import AdmissionOutcome, admit_turn
+from keyturn.runtime.finisher import Finisher
 from keyturn.runtime.validation import TurnRequest
 from tests.support import GraphQLClient, InProcessServer, admin
 
@@ -203,3 +204,140 @@ async def test_writers_lock_the_session_before_the_turn(
     finally:
         await holder.close()
         await prober.close()
+
+
+async def running_turns(engine: AsyncEngine, db: Any, count: int) -> list[Any]:
+    """``count`` sessions, each with one turn claimed by owner ``a`` (epoch 1)."""
+    for _ in range(count):
+        await queued_turn(engine, db)
+    async with connect(engine) as conn:
+        turns = (await leases.claim(conn, owner="a", ttl_s=30, limit=count)).turns
+    assert len(turns) == count
+    return sorted(turns, key=lambda t: t.session_id)
+
+
+def ending(turn: Any, *, epoch: int | None = None, delta: bool = False) -> leases.Finish:
+    return leases.Finish(
+        turn.id,
+        turn.epoch if epoch is None else epoch,
+        TurnStatus.COMPLETED,
+        EventType.TURN_COMPLETED,
+        f"out {turn.id}",
+        None,
+        {"status": "COMPLETED", "epoch": turn.epoch},
+        {"text": "last piece", "index": 0, "epoch": turn.epoch} if delta else None,
+    )
+
+
+async def test_one_finish_statement_ends_several_turns_each_behind_its_own_fence(
+    engine: AsyncEngine, db: Any
+) -> None:
+    one, stale, with_delta = await running_turns(engine, db, 3)
+    async with connect(engine) as conn:
+        done = await leases.finish_many(
+            conn,
+            [ending(one), ending(stale, epoch=stale.epoch + 1), ending(with_delta, delta=True)],
+        )
+    assert set(done) == {one.id, with_delta.id}
+    assert done[one.id].output == f"out {one.id}"
+    rows = await db.fetch("SELECT id, status FROM turns")
+    assert {r["id"]: r["status"] for r in rows} == {
+        one.id: "COMPLETED",
+        stale.id: "RUNNING",
+        with_delta.id: "COMPLETED",
+    }
+    # Each session's events stay gapless, the delta just before its end.
+    expected = {
+        one.session_id: ["turn.started", "turn.running", "turn.completed"],
+        stale.session_id: ["turn.started", "turn.running"],
+        with_delta.session_id: ["turn.started", "turn.running", "turn.delta", "turn.completed"],
+    }
+    for session_id, types in expected.items():
+        events = await db.fetch(
+            "SELECT seq, type FROM events WHERE session_id = $1 ORDER BY seq", session_id
+        )
+        assert [e["type"] for e in events] == types
+        assert [e["seq"] for e in events] == list(range(1, len(types) + 1))
+        seq = await db.fetchval("SELECT event_seq FROM sessions WHERE id = $1", session_id)
+        assert seq == len(types)
+
+
+async def test_finish_batches_over_the_same_sessions_in_opposite_orders_both_complete(
+    engine: AsyncEngine, db: Any, database_url: str
+) -> None:
+    """Two batches that name the same sessions (each finishes three turns and
+    carries stale finishes of the other's) lock them in one order, so neither
+    waits for the other in a cycle (which PostgreSQL would break with an error)."""
+    turns = await running_turns(engine, db, 6)
+    first, second = turns[:3], turns[3:]
+    batch_a = [ending(t) for t in first] + [ending(t, epoch=0) for t in second]
+    batch_b = [ending(t) for t in reversed(second)] + [ending(t, epoch=0) for t in reversed(first)]
+    holder = await admin(database_url)
+    try:
+        # A transaction holds the two middle sessions: a batch that locked in
+        # the order it names its turns would take the sessions on its side of
+        # them first and then wait for the other batch's, which waits for its.
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute(
+            "SELECT id FROM sessions WHERE id = ANY($1::uuid[]) FOR UPDATE",
+            [t.session_id for t in turns[2:4]],
+        )
+
+        async def run(batch: list[leases.Finish]) -> set[uuid.UUID]:
+            async with connect(engine) as conn:
+                return set(await leases.finish_many(conn, batch))
+
+        running = [asyncio.create_task(run(batch_a)), asyncio.create_task(run(batch_b))]
+        await asyncio.sleep(0.3)
+        await tx.rollback()
+        done_a, done_b = await asyncio.wait_for(asyncio.gather(*running), 20)
+    finally:
+        await holder.close()
+    assert done_a == {t.id for t in first} and done_b == {t.id for t in second}
+    assert await db.fetchval("SELECT count(*) FROM turns WHERE status = 'COMPLETED'") == 6
+
+
+async def test_one_renewal_statement_answers_each_lease_and_waits_for_no_lock(
+    engine: AsyncEngine, db: Any, database_url: str
+) -> None:
+    held, lost, busy = await running_turns(engine, db, 3)
+    await db.execute(
+        "UPDATE turns SET lease_until = now() - interval '1 second' WHERE id = $1", lost.id
+    )
+    async with connect(engine) as conn:
+        [interrupted] = await leases.interrupt_expired(conn, by="sweeper")
+    assert interrupted.id == lost.id
+    holder = await admin(database_url)
+    try:
+        # Another writer holds one turn's row (as a cancel or a finish would).
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", busy.id)
+        pairs = [(t.id, t.epoch) for t in (held, lost, busy)]
+        async with connect(engine) as conn:
+            answer = await asyncio.wait_for(leases.renew_many(conn, leases=pairs, ttl_s=30), 5)
+        assert set(answer.renewed) == {held.id}
+        assert answer.refused == {lost.id}  # its lease passed on: the owner stops
+        assert answer.busy == {busy.id}  # neither renewed nor lost: asked again
+        await tx.rollback()
+        async with connect(engine) as conn:
+            again = await leases.renew_many(conn, leases=pairs, ttl_s=30)
+        assert set(again.renewed) == {held.id, busy.id} and again.refused == {lost.id}
+    finally:
+        await holder.close()
+
+
+async def test_turns_ending_together_share_one_finish_and_each_learns_its_outcome(
+    engine: AsyncEngine, db: Any
+) -> None:
+    one, stale, other = await running_turns(engine, db, 3)
+    finisher = Finisher(engine)
+    outcomes = await asyncio.gather(
+        finisher.finish(ending(one)),
+        finisher.finish(ending(stale, epoch=0)),
+        finisher.finish(ending(other)),
+    )
+    assert [o.id if o is not None else None for o in outcomes] == [one.id, None, other.id]
+    # All three were handed over before the statement went out: one statement.
+    assert finisher.statements == 1

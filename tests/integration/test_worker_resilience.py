@@ -19,17 +19,17 @@ from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_i
 async def test_a_renewal_that_raises_an_unexpected_error_is_retried(
     server: InProcessServer, client: GraphQLClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    renew = leases.renew
+    renew = leases.renew_many
     failures: list[BaseException] = []
 
-    async def renew_failing_once(conn: Any, **kwargs: Any) -> leases.Renewal | None:
+    async def renew_failing_once(conn: Any, **kwargs: Any) -> leases.Renewals:
         if not failures:
             error = RuntimeError("an error nobody classified")
             failures.append(error)
             raise error
         return await renew(conn, **kwargs)
 
-    monkeypatch.setattr(leases, "renew", renew_failing_once)
+    monkeypatch.setattr(leases, "renew_many", renew_failing_once)
     sid = await client.create_session()
     # Longer than the lease (3s): it completes only if the lease is renewed.
     tid = (await client.submit(sid, "k", "/sleep 5000"))["turn"]["id"]
