@@ -41,29 +41,58 @@ SESSION_OF_TURN = """
     )"""
 
 # Only the head of a session's queue is claimable, and only while nothing of
-# its session runs. The heads come from one ordered pass over the partial
-# index of queued turns (DISTINCT ON), so a claim costs O(queued), not
-# O(queued²) as a per-row "no earlier queued turn" test would in a long
-# queue. A head locked by another claimer is skipped, never its successor.
-# The partial unique index on RUNNING turns backs this up: if two claimers
-# ever raced past the checks, one statement would fail.
+# its session runs or waits. Two ways to find the oldest ready heads:
+#
+# - ``near``: the oldest queued turns (at most _NEAR of them, along
+#   ix_turns_queued_age), each kept if it heads its session and the session
+#   is free. When turns wait across many sessions (one each, say), the oldest
+#   ones are heads and this alone fills the claim, whatever the queue's size.
+# - ``heads``: one ordered pass over every queued turn (DISTINCT ON along
+#   ix_turns_queued), O(queued) rather than O(queued²) as a per-row test would
+#   be in a long queue. Run only when ``near`` found fewer than asked for
+#   (a one-time filter: otherwise it is not executed at all), as when a few
+#   sessions hold long queues.
+#
+# A head locked by another claimer is skipped, never its successor. The
+# partial unique index on RUNNING turns backs this up: if two claimers ever
+# raced past the checks, one statement would fail.
+_NEAR = 64
+_FREE = f"""NOT EXISTS (SELECT 1 FROM turns r
+                          WHERE r.session_id = {{head}}.session_id AND r.status = {RUNNING})
+          -- A WAITING turn is still the head of its session: the queue waits
+          -- behind it until a decision puts it back (QUEUED, in its place).
+          AND NOT EXISTS (SELECT 1 FROM turns w
+                          WHERE w.session_id = {{head}}.session_id
+                            AND w.status = {literal(TurnStatus.WAITING)})"""
 _CLAIM = Statement(
     f"""
-    WITH heads AS (
+    WITH oldest AS (
+        SELECT id, session_id, admit_seq, created_at FROM turns
+        WHERE status = {QUEUED}
+        ORDER BY created_at, admit_seq
+        LIMIT {_NEAR}
+    ), near AS (
+        SELECT o.id, o.session_id, o.admit_seq, o.created_at FROM oldest o
+        WHERE NOT EXISTS (SELECT 1 FROM turns e
+                          WHERE e.session_id = o.session_id AND e.status = {QUEUED}
+                            AND e.admit_seq < o.admit_seq)
+          AND {_FREE.format(head="o")}
+        ORDER BY o.created_at, o.admit_seq
+        LIMIT :limit
+    ), heads AS (
         SELECT DISTINCT ON (session_id) id, session_id, admit_seq, created_at
         FROM turns
         WHERE status = {QUEUED}
         ORDER BY session_id, admit_seq
-    ), ready AS (
-        SELECT h.id, h.session_id FROM heads h
-        WHERE NOT EXISTS (SELECT 1 FROM turns r
-                          WHERE r.session_id = h.session_id AND r.status = {RUNNING})
-          -- A WAITING turn is still the head of its session: the queue waits
-          -- behind it until a decision puts it back (QUEUED, in its place).
-          AND NOT EXISTS (SELECT 1 FROM turns w
-                          WHERE w.session_id = h.session_id
-                            AND w.status = {literal(TurnStatus.WAITING)})
+    ), far AS (
+        SELECT h.id, h.session_id, h.admit_seq, h.created_at FROM heads h
+        WHERE (SELECT count(*) FROM near) < :limit
+          AND {_FREE.format(head="h")}
         ORDER BY h.created_at, h.admit_seq
+        LIMIT :limit
+    ), ready AS (
+        SELECT id, session_id FROM (SELECT * FROM near UNION SELECT * FROM far) x
+        ORDER BY created_at, admit_seq
         LIMIT :limit
     ), s AS (
         SELECT id FROM sessions WHERE id IN (SELECT session_id FROM ready)

@@ -114,6 +114,14 @@ class Turn(TurnBase, table=True):
             "admit_seq",
             postgresql_where=text(f"status = {literal(TurnStatus.QUEUED)}"),
         ),
+        # The oldest queued turns first: the claim looks there before it
+        # reads the whole queue (keyturn.db.leases).
+        Index(
+            "ix_turns_queued_age",
+            "created_at",
+            "admit_seq",
+            postgresql_where=text(f"status = {literal(TurnStatus.QUEUED)}"),
+        ),
         # Turns waiting for a decision on a tool call: the claim checks that
         # none holds a session, and pendingApprovals lists them.
         Index(
