@@ -134,6 +134,10 @@ _REQUESTED = Statement(
     "SELECT cancel_reason, cancel_key FROM turns"
     " WHERE id = :turn_id AND cancel_requested_at IS NOT NULL"
 )
+_REQUESTED_OF = Statement(
+    "SELECT id, cancel_reason, cancel_key FROM turns"
+    " WHERE id = ANY(CAST(:turn_ids AS uuid[])) AND cancel_requested_at IS NOT NULL"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,3 +247,9 @@ async def requested(conn: Conn, *, turn_id: uuid.UUID) -> Requested | None:
     """The turn's cancel, once one was asked for; else None."""
     row = await _REQUESTED.fetchrow(conn, turn_id=turn_id)
     return Requested(row["cancel_reason"], row["cancel_key"]) if row is not None else None
+
+
+async def requested_of(conn: Conn, *, turn_ids: list[uuid.UUID]) -> dict[uuid.UUID, Requested]:
+    """The cancels asked for among ``turn_ids``, by turn, in one read."""
+    rows = await _REQUESTED_OF.fetch(conn, turn_ids=turn_ids)
+    return {r["id"]: Requested(r["cancel_reason"], r["cancel_key"]) for r in rows}

@@ -135,6 +135,9 @@ class Worker:
         self._renewer: asyncio.Task[None] | None = None
         self.finisher = Finisher(engine)
         self._cancel_checks: set[asyncio.Task[None]] = set()
+        # Turns whose cancel is to be read, by the one reader task.
+        self._cancel_wanted: dict[uuid.UUID, _Running] = {}
+        self._cancel_reader: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._stopping = False
         self.claimed = 0
@@ -167,20 +170,35 @@ class Worker:
         if running.cancel.requested or running.checking_cancel:
             return
         running.checking_cancel = True
-        task = asyncio.create_task(self._read_cancel(running), name="keyturn-cancel-check")
-        self._cancel_checks.add(task)
-        task.add_done_callback(self._cancel_checks.discard)
+        self._cancel_wanted[running.turn.id] = running
+        if self._cancel_reader is None or self._cancel_reader.done():
+            task = asyncio.create_task(self._read_cancels(), name="keyturn-cancel-check")
+            self._cancel_reader = task
+            self._cancel_checks.add(task)
+            task.add_done_callback(self._cancel_checks.discard)
 
-    async def _read_cancel(self, running: _Running) -> None:
+    async def _read_cancels(self) -> None:
+        """One read for every turn whose cancel is asked about meanwhile: a
+        busy session's news comes with every commit another process makes."""
         try:
-            async with connect(self.engine) as conn:
-                found = await cancels.requested(conn, turn_id=running.turn.id)
-        except DatabaseUnavailable:
-            return  # the next renewal asks again
+            while self._cancel_wanted:
+                wanted, self._cancel_wanted = self._cancel_wanted, {}
+                try:
+                    async with connect(self.engine) as conn:
+                        found = await cancels.requested_of(conn, turn_ids=list(wanted))
+                except DatabaseUnavailable:
+                    return  # the next renewal asks again
+                finally:
+                    for running in wanted.values():
+                        running.checking_cancel = False
+                for turn_id, requested in found.items():
+                    wanted[turn_id].cancel.request(requested.reason)
         finally:
-            running.checking_cancel = False
-        if found is not None:
-            running.cancel.request(found.reason)
+            # Left unread (the database went, or this task was cancelled): a
+            # later wake-up or renewal asks again.
+            for running in self._cancel_wanted.values():
+                running.checking_cancel = False
+            self._cancel_wanted.clear()
 
     def drain(self) -> None:
         """Claim nothing more; turns already running go on."""
