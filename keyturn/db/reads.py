@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any, cast
 
 from keyturn.db.engine import Conn
 from keyturn.db.records import (
@@ -57,6 +58,18 @@ _EVENTS_AFTER = Statement(
 )
 _EVENTS_BEFORE = Statement(
     f"SELECT {_EVENT_COLUMNS} FROM events WHERE session_id = :session_id AND seq < :before "
+    "ORDER BY seq DESC LIMIT :limit"
+)
+# The same pages with ``data`` as the text PostgreSQL keeps (raw_data=True).
+_RAW_EVENT_COLUMNS = ", ".join(
+    "CAST(data AS text) AS data" if name == "data" else name for name in _EVENT_COLUMNS.split(", ")
+)
+_RAW_EVENTS_AFTER = Statement(
+    f"SELECT {_RAW_EVENT_COLUMNS} FROM events WHERE session_id = :session_id AND seq > :after "
+    "ORDER BY seq LIMIT :limit"
+)
+_RAW_EVENTS_BEFORE = Statement(
+    f"SELECT {_RAW_EVENT_COLUMNS} FROM events WHERE session_id = :session_id AND seq < :before "
     "ORDER BY seq DESC LIMIT :limit"
 )
 _EVENT = Statement(
@@ -168,19 +181,50 @@ async def turn_count(conn: Conn, *, session_id: uuid.UUID) -> int:
     return int(await _TURN_COUNT.fetchval(conn, session_id=session_id))
 
 
+class RawJSON:
+    """JSON text as PostgreSQL gave it, for an answer to pass on unparsed:
+    the answer's encoder writes it in place (keyturn.http.app), rather than
+    the data being decoded here only to be encoded again there."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _raw_event(row: Row) -> EventRecord:
+    data = cast(dict[str, Any], RawJSON(row["data"]))  # read by the answer's encoder only
+    return EventRecord(
+        row["id"],
+        row["session_id"],
+        row["turn_id"],
+        row["seq"],
+        row["type"],
+        data,
+        row["created_at"],
+    )
+
+
 async def events_after(
-    conn: Conn, *, session_id: uuid.UUID, after: int, limit: int
+    conn: Conn, *, session_id: uuid.UUID, after: int, limit: int, raw_data: bool = False
 ) -> list[EventRecord]:
+    """With ``raw_data`` each event's data is its JSON text (:class:`RawJSON`),
+    for an answer that only passes it on."""
+    if raw_data:
+        rows = await _RAW_EVENTS_AFTER.fetch(conn, session_id=session_id, after=after, limit=limit)
+        return [_raw_event(r) for r in rows]
     rows = await _EVENTS_AFTER.fetch(conn, session_id=session_id, after=after, limit=limit)
     return [event_from(r) for r in rows]
 
 
 async def events_before(
-    conn: Conn, *, session_id: uuid.UUID, before: int, limit: int
+    conn: Conn, *, session_id: uuid.UUID, before: int, limit: int, raw_data: bool = False
 ) -> list[EventRecord]:
-    """The ``limit`` events just before seq ``before``, latest first."""
-    rows = await _EVENTS_BEFORE.fetch(conn, session_id=session_id, before=before, limit=limit)
-    return [event_from(r) for r in rows]
+    """The ``limit`` events just before seq ``before``, latest first
+    (``raw_data`` as for :func:`events_after`)."""
+    statement = _RAW_EVENTS_BEFORE if raw_data else _EVENTS_BEFORE
+    rows = await statement.fetch(conn, session_id=session_id, before=before, limit=limit)
+    return [_raw_event(r) if raw_data else event_from(r) for r in rows]
 
 
 async def event(conn: Conn, *, tenant: str, event_id: int) -> EventRecord | None:

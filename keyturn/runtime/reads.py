@@ -70,16 +70,20 @@ class Reads:
             )
 
     async def events(self, *, session_id: uuid.UUID, after: int, limit: int) -> list[EventRecord]:
+        """A page of a session's events for an answer: each one's data is its
+        JSON text (keyturn.db.reads.RawJSON), passed on as it is."""
         async with connect(self.engine) as conn:
-            return await reads.events_after(conn, session_id=session_id, after=after, limit=limit)
+            return await reads.events_after(
+                conn, session_id=session_id, after=after, limit=limit, raw_data=True
+            )
 
     async def events_before(
         self, *, session_id: uuid.UUID, before: int, limit: int
     ) -> list[EventRecord]:
-        """The events just before seq ``before``, latest first."""
+        """The events just before seq ``before``, latest first; data as for :meth:`events`."""
         async with connect(self.engine) as conn:
             return await reads.events_before(
-                conn, session_id=session_id, before=before, limit=limit
+                conn, session_id=session_id, before=before, limit=limit, raw_data=True
             )
 
     async def event(self, event_id: int, *, tenant: str) -> EventRecord | None:

@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
 import strawberry
-from graphql import ASTValidationRule, GraphQLError
-from strawberry.extensions import (
-    AddValidationRules,
-    DisableIntrospection,
-    MaxTokensLimiter,
-    ParserCache,
-    SchemaExtension,
-    ValidationCache,
-)
+from graphql import ASTValidationRule, DocumentNode, GraphQLError, GraphQLSchema, parse
+from strawberry.extensions import DisableIntrospection, SchemaExtension
 from strawberry.extensions.max_aliases import create_validator as alias_rule
 from strawberry.extensions.query_depth_limiter import create_validator as depth_rule
+from strawberry.schema.schema import validate_document
 from strawberry.types import ExecutionContext
 
 from keyturn.errors import ResponseTooLarge
 from keyturn.schema.cost import cost_rule
 from keyturn.schema.errors import PublicErrors, log_unexpected
+from keyturn.schema.execution import FastLists
 from keyturn.schema.root import Mutation, Query, Subscription
 from keyturn.schema.types import Event, Session, Turn
 
@@ -43,21 +39,82 @@ MAX_ALIASES = 30
 MAX_TOKENS = 2000
 
 
+# Distinct documents kept parsed and validated. A client sends the same few
+# texts again and again (persisted documents always): one lookup by the text
+# answers both steps, where hashing a parsed document to find it again walks
+# its whole tree on every request.
+DOCUMENT_CACHE = 1024
+
+
+@functools.lru_cache(maxsize=DOCUMENT_CACHE)
+def _parse(text: str) -> DocumentNode:
+    return parse(text, max_tokens=MAX_TOKENS)
+
+
+class _Keyed:
+    """A document in a cache key, compared by the text it was parsed from."""
+
+    __slots__ = ("document", "text")
+
+    def __init__(self, text: str, document: DocumentNode) -> None:
+        self.text, self.document = text, document
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Keyed) and other.text == self.text
+
+
+@functools.lru_cache(maxsize=DOCUMENT_CACHE)
+def _validate(
+    schema: GraphQLSchema, keyed: _Keyed, rules: tuple[type[ASTValidationRule], ...]
+) -> list[GraphQLError]:
+    return validate_document(schema, keyed.document, rules)
+
+
 class RequestLimits(SchemaExtension):
-    """The limits of one operation, from its context (the settings): its cost,
-    checked with validation (keyturn.schema.cost), and its answer's size,
-    added up by the large fields as they resolve (keyturn.schema.budget).
-    Past the size limit the answer is the one RESPONSE_TOO_LARGE error with
-    no data."""
+    """One operation from its text to its answer's size, in one extension.
+
+    Parsing (at most MAX_TOKENS tokens) and validation (the schema's rules,
+    the depth and alias limits, and the cost limit from the context's
+    settings: keyturn.schema.cost) are done once per distinct document text
+    and kept. The answer's size is added up by the large fields as they
+    resolve (keyturn.schema.budget); past the size limit the answer is the
+    one RESPONSE_TOO_LARGE error with no data."""
+
+    def __init__(self, rules: tuple[type[ASTValidationRule], ...]) -> None:
+        self.rules = rules
+        self.parsed: str | None = None  # the text this operation's document came from
 
     def on_operation(self) -> Iterator[None]:
         context = self.execution_context.context
         context.response_bytes = 0
         context.response_too_large = False
-        self.execution_context.validation_rules = (
-            *self.execution_context.validation_rules,
-            cost_rule(context.limits.max_query_cost),
+        yield
+
+    def on_parse(self) -> Iterator[None]:
+        execution = self.execution_context
+        if execution.graphql_document is None and execution.query:
+            execution.graphql_document = _parse(execution.query)
+            self.parsed = execution.query
+        yield
+
+    def on_validate(self) -> Iterator[None]:
+        execution = self.execution_context
+        document = execution.graphql_document
+        assert document is not None
+        rules = (
+            *execution.validation_rules,
+            *self.rules,
+            cost_rule(execution.context.limits.max_query_cost),
         )
+        schema = execution.schema._schema
+        if self.parsed is not None:
+            errors = _validate(schema, _Keyed(self.parsed, document), rules)
+        else:
+            errors = validate_document(schema, document, rules)
+        execution.pre_execution_errors = errors
         yield
 
     def on_execute(self) -> Iterator[None]:
@@ -75,29 +132,17 @@ class RequestLimits(SchemaExtension):
 
 def build_schema(*, introspection: bool = True, max_depth: int = MAX_DEPTH) -> strawberry.Schema:
     # The depth and alias rules are built once per schema, not per request:
-    # QueryDepthLimiter and MaxAliasesLimiter make a new rule class each time
-    # they are constructed, and a new class per request means ValidationCache
-    # (keyed by the rules) never hits. Measured: twice the submitTurn rate.
-    # The cost rule joins them per operation (RequestLimits: its limit is a
-    # setting), one class per limit for the same reason.
-    rules: list[type[ASTValidationRule]] = [
-        depth_rule(max_depth, None, None),
-        alias_rule(MAX_ALIASES),
-    ]
+    # a rule class made per request would never find its cached validation.
+    # The cost rule joins them per operation (its limit is a setting), one
+    # class per limit for the same reason.
+    rules = (depth_rule(max_depth, None, None), alias_rule(MAX_ALIASES))
     extra: list[Any] = [] if introspection else [DisableIntrospection]
     return KeyturnSchema(
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
-        extensions=[
-            *extra,
-            lambda: ParserCache(maxsize=1024),
-            lambda: AddValidationRules(rules),
-            lambda: ValidationCache(maxsize=1024),
-            lambda: MaxTokensLimiter(max_token_count=MAX_TOKENS),
-            RequestLimits,
-            PublicErrors,
-        ],
+        execution_context_class=FastLists,
+        extensions=[*extra, lambda: RequestLimits(rules), PublicErrors],
     )
 
 

@@ -20,11 +20,14 @@ from graphql import OperationType
 from strawberry.extensions.field_extension import FieldExtension
 from strawberry.types import Info
 
+from keyturn.db.reads import RawJSON
 from keyturn.errors import ResponseTooLarge
 
 
 def size(value: Any) -> int:
     """About how many bytes ``value`` adds to the JSON answer."""
+    if isinstance(value, RawJSON):  # JSON text passed on as it is (a page of events)
+        value = value.text
     if isinstance(value, str):
         return len(value) if value.isascii() else len(value.encode())
     if isinstance(value, dict):  # JSON scalars (event data, tool arguments and results)

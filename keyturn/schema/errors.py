@@ -95,6 +95,13 @@ class PublicErrors(MaskErrors):
                 }
         return super()._process_errors(errors)
 
+    def _process_result(self, result: object) -> None:
+        # MaskErrors asks a runtime-checkable Protocol whether the result has
+        # errors: an isinstance that inspects the class on every operation.
+        errors = getattr(result, "errors", None)
+        if errors:
+            result.errors = self._process_errors(errors)  # type: ignore[attr-defined]
+
 
 def log_unexpected(errors: list[GraphQLError]) -> None:
     """Log what went wrong unexpectedly, with its traceback; errors that are

@@ -69,15 +69,47 @@ class Event(Node):
 
     @classmethod
     def from_record(cls, e: EventRecord) -> Event:
-        return cls(
-            id=strawberry.ID(str(e.id)),
-            session_id=strawberry.ID(str(e.session_id)),
-            turn_id=strawberry.ID(str(e.turn_id)) if e.turn_id is not None else None,
-            seq=e.seq,
-            type=e.type,
-            data=cast(JSON, e.data),
-            created_at=e.created_at,
-        )
+        return _RecordEvent(e)
+
+
+class _RecordEvent(Event):
+    """An Event that reads its record only for the fields a document selects:
+    a page of events asks for a few of them, and building every id string of
+    every event would cost more than answering."""
+
+    __slots__ = ("_record",)
+
+    def __init__(self, record: EventRecord) -> None:  # no dataclass fields to set
+        self._record = record
+
+    @property
+    def id(self) -> strawberry.ID:  # type: ignore[override]
+        return strawberry.ID(str(self._record.id))
+
+    @property
+    def session_id(self) -> strawberry.ID:  # type: ignore[override]
+        return strawberry.ID(str(self._record.session_id))
+
+    @property
+    def turn_id(self) -> strawberry.ID | None:  # type: ignore[override]
+        turn_id = self._record.turn_id
+        return strawberry.ID(str(turn_id)) if turn_id is not None else None
+
+    @property
+    def seq(self) -> int:  # type: ignore[override]
+        return self._record.seq
+
+    @property
+    def type(self) -> str:  # type: ignore[override]
+        return self._record.type
+
+    @property
+    def data(self) -> JSON:  # type: ignore[override]
+        return cast(JSON, self._record.data)
+
+    @property
+    def created_at(self) -> datetime:  # type: ignore[override]
+        return self._record.created_at
 
 
 @strawberry.type

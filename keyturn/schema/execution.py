@@ -1,0 +1,198 @@
+"""Lists of plain objects completed in one pass, not field by field.
+
+graphql-core completes every field of every item of a list on its own: a
+page of 100 events selecting ``cursor node { seq type data }`` is some 500
+resolver calls, resolve infos and completions, most of a page request's time.
+When every field the document selects on a list's items is a plain attribute
+(no resolver, no arguments; a leaf, ``__typename``, or a plain object of the
+same kind), :class:`FastLists` builds each item's answer straight from its
+attributes, once the selection has been collected for the whole list. Only
+what the document selects is read.
+
+Anything else takes graphql-core's own path, and so does any list where one
+item would not complete cleanly (a null in a non-null field, a value its
+scalar refuses): that path then gives the error with its exact path and
+message. A large field (keyturn.schema.budget) is charged as its extension
+charges it, so a page past the size limit answers as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+from graphql import (
+    GraphQLLeafType,
+    GraphQLNonNull,
+    GraphQLObjectType,
+    GraphQLOutputType,
+    GraphQLResolveInfo,
+    OperationType,
+    is_leaf_type,
+    is_object_type,
+)
+from graphql.execution.collect_fields import FieldDetailsList
+from graphql.pyutils import Path, Undefined
+from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
+from strawberry.schema.schema_converter import GraphQLCoreConverter
+
+from keyturn.errors import ResponseTooLarge
+from keyturn.schema.budget import CountsTowardResponse, size
+
+Build = Callable[[Any], dict[str, Any]]
+
+
+class _Unfit(Exception):
+    """This list is not one the fast path completes exactly as graphql-core would."""
+
+
+_NO_PLAN = object()
+
+
+class FastLists(StrawberryGraphQLCoreExecutionContext):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plans: dict[tuple[int, int], tuple[FieldDetailsList, Any]] = {}
+
+    def complete_iterable_value(
+        self,
+        item_type: GraphQLOutputType,
+        field_details_list: FieldDetailsList,
+        info: GraphQLResolveInfo[Any],
+        path: Path,
+        items: Iterable[Any],
+        position_context: Any,
+    ) -> Any:
+        if isinstance(items, list):
+            plan = self._plan_for(item_type, field_details_list)
+            if plan is not None:
+                charged = getattr(self.context_value, "response_bytes", None)
+                try:
+                    return [plan(item) for item in items]
+                except _Unfit:
+                    # graphql-core's path charges the large fields again.
+                    if charged is not None:
+                        self.context_value.response_bytes = charged
+        return super().complete_iterable_value(
+            item_type, field_details_list, info, path, items, position_context
+        )
+
+    def _plan_for(self, item_type: GraphQLOutputType, details: FieldDetailsList) -> Build | None:
+        # The same list field of every item of an outer list shares its
+        # field_details_list: one plan for all (graphql-core memoizes the same way).
+        key = (id(item_type), id(details))
+        cached = self._plans.get(key)
+        if cached is not None:
+            return None if cached[1] is _NO_PLAN else cached[1]
+        # A directive on the list field itself may be @stream: graphql-core's.
+        if not isinstance(item_type, GraphQLNonNull) or any(d.node.directives for d in details):
+            plan: Any = None
+        else:
+            try:
+                plan = self._object_plan(item_type.of_type, details)
+            except _Unfit:
+                plan = None
+        self._plans[key] = (details, _NO_PLAN if plan is None else plan)
+        return cast(Build | None, plan)
+
+    def _object_plan(self, return_type: GraphQLOutputType, details: FieldDetailsList) -> Build:
+        if not is_object_type(return_type):
+            raise _Unfit
+        assert isinstance(return_type, GraphQLObjectType)
+        grouped, defers, _ = self.collect_subfields(return_type, details)
+        if defers:
+            raise _Unfit
+        is_type_of = return_type.is_type_of
+        steps: list[Callable[[Any, dict[str, Any]], None]] = []
+        for key, field_details in grouped.items():
+            steps.append(self._field_step(return_type, key, field_details))
+
+        def build(source: Any) -> dict[str, Any]:
+            # Strawberry's is_type_of looks only at the object, not the info.
+            if is_type_of is not None and is_type_of(source, None) is not True:  # type: ignore[arg-type]
+                raise _Unfit
+            out: dict[str, Any] = {}
+            for step in steps:
+                step(source, out)
+            return out
+
+        return build
+
+    def _field_step(
+        self, parent: GraphQLObjectType, key: str, details: FieldDetailsList
+    ) -> Callable[[Any, dict[str, Any]], None]:
+        node = details[0].node
+        name = node.name.value
+        if name == "__typename":
+            type_name = parent.name
+
+            def typename(_source: Any, out: dict[str, Any]) -> None:
+                out[key] = type_name
+
+            return typename
+        field = parent.fields.get(name)
+        if field is None or node.arguments or field.args:
+            raise _Unfit
+        definition = field.extensions.get(GraphQLCoreConverter.DEFINITION_BACKREF)
+        if definition is None or definition.base_resolver is not None:
+            raise _Unfit
+        counted = False
+        for extension in definition.extensions:
+            if not isinstance(extension, CountsTowardResponse):
+                raise _Unfit
+            counted = True
+        attribute = definition.python_name
+        field_type = field.type
+        non_null = isinstance(field_type, GraphQLNonNull)
+        inner = field_type.of_type if isinstance(field_type, GraphQLNonNull) else field_type
+        if is_leaf_type(inner):
+            assert isinstance(inner, GraphQLLeafType)
+            coerce = inner.coerce_output_value
+            charge = self._charger() if counted else None
+
+            def leaf(source: Any, out: dict[str, Any]) -> None:
+                value = getattr(source, attribute)
+                if value is None:
+                    if non_null:
+                        raise _Unfit
+                    out[key] = None
+                else:
+                    coerced = coerce(value)
+                    if coerced is None or coerced is Undefined:
+                        raise _Unfit
+                    out[key] = coerced
+                if charge is not None:
+                    charge(value)
+
+            return leaf
+        if counted:
+            raise _Unfit
+        sub = self._object_plan(inner, details)
+
+        def obj(source: Any, out: dict[str, Any]) -> None:
+            value = getattr(source, attribute)
+            if value is None:
+                if non_null:
+                    raise _Unfit
+                out[key] = None
+            else:
+                out[key] = sub(value)
+
+        return obj
+
+    def _charger(self) -> Callable[[Any], None] | None:
+        """What CountsTowardResponse does around a large field's value."""
+        if self.operation.operation is OperationType.SUBSCRIPTION:
+            return None
+        context = self.context_value
+        limit = context.limits.max_response_bytes
+
+        def charge(value: Any) -> None:
+            if context.response_too_large:
+                raise ResponseTooLarge(limit)
+            context.response_bytes += size(value)
+            if context.response_bytes > limit:
+                context.response_too_large = True
+                raise ResponseTooLarge(limit)
+
+        return charge
