@@ -48,10 +48,17 @@ async def get_session(ctx: Context, *, session_id: str) -> SessionRecord | None:
     return await ctx.runtime.reads.session(sid, tenant=ctx.tenant)
 
 
-async def list_sessions(ctx: Context, *, first: int, after: str | None) -> Page[SessionRecord]:
+async def list_sessions(
+    ctx: Context, *, first: int, after: str | None, count: bool = True
+) -> Page[SessionRecord]:
+    """A page of the tenant's sessions; their count only with ``count`` (it
+    reads every session of the tenant, where the page reads an index range;
+    without it the page's ``total`` is 0, for a document that selects none)."""
     limit = check_first(first)
     cursor = decode_session_cursor(after)
-    rows, total = await ctx.runtime.reads.sessions(tenant=ctx.tenant, after=cursor, limit=limit + 1)
+    rows, total = await ctx.runtime.reads.sessions(
+        tenant=ctx.tenant, after=cursor, limit=limit + 1, count=count
+    )
     items = rows[:limit]
     return Page(
         items,

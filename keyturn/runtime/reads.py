@@ -25,11 +25,17 @@ class Reads:
             return await reads.session(conn, tenant=tenant, session_id=session_id)
 
     async def sessions(
-        self, *, tenant: str, after: tuple[datetime, uuid.UUID] | None, limit: int
+        self,
+        *,
+        tenant: str,
+        after: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+        count: bool = True,
     ) -> tuple[list[SessionRecord], int]:
+        """A page of the tenant's sessions, and their count (0 unless ``count``)."""
         async with connect(self.engine) as conn:
             page = await reads.sessions_after(conn, tenant=tenant, after=after, limit=limit)
-            return page, await reads.session_count(conn, tenant=tenant)
+            return page, await reads.session_count(conn, tenant=tenant) if count else 0
 
     async def turn(self, turn_id: uuid.UUID, *, tenant: str) -> TurnRecord | None:
         async with connect(self.engine) as conn:

@@ -28,7 +28,7 @@ from keyturn.schema.approval import (
     from_decision,
 )
 from keyturn.schema.cancel import CancelTurnInput, CancelTurnResult, from_cancel
-from keyturn.schema.context import Info
+from keyturn.schema.context import Info, selects
 from keyturn.schema.deletion import DeleteSessionInput, DeleteSessionResult, from_deletion
 from keyturn.schema.enums import History, Multitask
 from keyturn.schema.errors import answers_invalid_input
@@ -56,7 +56,10 @@ class Query:
         self, info: Info, first: int | None = 20, after: str | None = None
     ) -> SessionConnection:
         page = await sessions.list_sessions(
-            info.context, first=20 if first is None else first, after=after
+            info.context,
+            first=20 if first is None else first,
+            after=after,
+            count=selects(info, "totalCount"),
         )
         return SessionConnection.from_page(page)
 

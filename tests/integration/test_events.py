@@ -128,6 +128,14 @@ async def test_sessions_list_pages(client: GraphQLClient) -> None:
         e["node"]["id"] for e in data["sessions"]["edges"]
     ]
     assert ids == made
+    # The count is made only when asked for, however it is asked for.
+    for document in (
+        "{ sessions(first: 1) { ...Counted } } fragment Counted on SessionConnection "
+        "{ totalCount }",
+        "{ sessions(first: 1) { ... on SessionConnection { total: totalCount } } }",
+    ):
+        found = (await client.execute(document))["sessions"]
+        assert found.get("totalCount", found.get("total")) == 3, (document, found)
     assert data["sessions"]["pageInfo"]["hasNextPage"] is False
 
 
