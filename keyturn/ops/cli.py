@@ -200,6 +200,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "once `keyturn token create` has run, every request needs a token.",
             flush=True,
         )
+    # From here on a Ctrl-C is remembered, not raised, and handed to uvicorn
+    # (keyturn.ops.serving says why).
+    from keyturn.ops import serving
+
+    presses = serving.Presses.install()
     # Workers are fresh processes: they find the database through the environment.
     os.environ["KEYTURN_DATABASE_URL"] = url
     # uvicorn handles SIGTERM, shuts down cleanly, restores the handler it
@@ -212,9 +217,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"database: {where}; workers: {args.workers}", flush=True)
     if args.workers > 1:
         _share_metrics_between_workers()
-    from keyturn.ops import serving
-
     return serving.run(
+        presses=presses,
         host=host,
         port=port,
         workers=args.workers,

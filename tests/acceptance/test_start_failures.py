@@ -77,11 +77,10 @@ def fresh_data_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _interrupt_while_starting(command: list[str], data_dir: Path, after: float) -> tuple[int, str]:
-    """Start ``command`` on a data directory with no database yet, press
-    Ctrl-C (SIGINT to the whole process group, as a terminal does) once the
-    embedded PostgreSQL's files begin to appear and ``after`` seconds more."""
-    proc = subprocess.Popen(
+def _started(command: list[str], data_dir: Path) -> subprocess.Popen[str]:
+    """``keyturn COMMAND`` on a data directory with no database yet, in a
+    process group of its own (as a terminal's foreground job is)."""
+    return subprocess.Popen(
         [sys.executable, "-m", "keyturn", *command],
         env=clean_env(KEYTURN_DATA_DIR=str(data_dir)),
         cwd=data_dir,
@@ -90,6 +89,13 @@ def _interrupt_while_starting(command: list[str], data_dir: Path, after: float) 
         text=True,
         start_new_session=True,
     )
+
+
+def _interrupt_while_starting(command: list[str], data_dir: Path, after: float) -> tuple[int, str]:
+    """Start ``command`` on a data directory with no database yet, press
+    Ctrl-C (SIGINT to the whole process group, as a terminal does) once the
+    embedded PostgreSQL's files begin to appear and ``after`` seconds more."""
+    proc = _started(command, data_dir)
     try:
         deadline = time.monotonic() + 60
         while not (data_dir / "pgdata").exists() and time.monotonic() < deadline:
@@ -162,15 +168,7 @@ def test_ctrl_c_as_the_application_loads_stops_the_server(fresh_data_dir: Path) 
     for n, after in enumerate((0.0, 0.05, 0.1, 0.2, 0.4)):
         data_dir = fresh_data_dir / f"run-{n}"
         data_dir.mkdir()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "keyturn", "serve", "--port", "0"],
-            env=clean_env(KEYTURN_DATA_DIR=str(data_dir)),
-            cwd=data_dir,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        proc = _started(["serve", "--port", "0"], data_dir)
         try:
             assert proc.stdout is not None
             seen = []

@@ -81,10 +81,10 @@ class StandInReads:
         return SESSION if session_id == SESSION.id else None
 
     async def sessions(
-        self, *, tenant: str, after: Any, limit: int
+        self, *, tenant: str, after: Any, limit: int, count: bool = True
     ) -> tuple[list[SessionRecord], int]:
         self._runtime.called("reads.sessions")
-        return [SESSION][:limit], 1
+        return [SESSION][:limit], 1 if count else 0
 
     async def turn(self, turn_id: uuid.UUID, *, tenant: str) -> TurnRecord | None:
         self._runtime.called("reads.turn")
