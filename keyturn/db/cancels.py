@@ -10,7 +10,7 @@ when the write lands: a cancel never meets a turn halfway through ending.
 A turn holds at most one cancel, in its ``cancel_*`` columns. One not yet
 running (QUEUED or WAITING) ends at once, CANCELLED with ``turn.cancelled``;
 a RUNNING one gets ``turn.cancel_requested``, and its process ends it at a
-safe point (:func:`keyturn.db.leases.finish`, fenced by the epoch).
+safe point (:func:`keyturn.db.leases.finish_many`, fenced by the epoch).
 """
 
 from __future__ import annotations

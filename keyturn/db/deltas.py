@@ -4,7 +4,7 @@ One statement per delta, like those of :mod:`keyturn.db.leases`: it takes the
 session row, then the turn's, fenced by the turn's epoch and status RUNNING;
 it appends the event and keeps ``turns.output`` equal to the text recorded so
 far. The last piece of a turn is not written here but with the turn's end
-(:func:`keyturn.db.leases.finish`, ``delta=``), in the same commit. A unique
+(:func:`keyturn.db.leases.finish_many`, a ``Finish`` with ``delta``), in the same commit. A unique
 index allows one delta per index of an epoch, so a delta retried after a lost
 connection cannot append twice.
 """

@@ -375,12 +375,6 @@ async def renew_many(
     return Renewals(renewed, busy, refused)
 
 
-async def renew(conn: Conn, *, turn_id: uuid.UUID, epoch: int, ttl_s: float) -> Renewal | None:
-    """The renewal, or None when the epoch or status no longer matched (or
-    the row was held by another writer: no renewal either way)."""
-    return (await renew_many(conn, leases=[(turn_id, epoch)], ttl_s=ttl_s)).renewed.get(turn_id)
-
-
 @dataclass(frozen=True, slots=True)
 class Finish:
     """The end of one running turn, as :func:`finish_many` writes it."""
@@ -411,25 +405,6 @@ async def finish_many(conn: Conn, finishes: Sequence[Finish]) -> dict[uuid.UUID,
         deltas=[orjson.dumps(f.delta).decode() if f.delta is not None else None for f in finishes],
     )
     return {turn.id: turn for turn in map(turn_from, rows)}
-
-
-async def finish(
-    conn: Conn,
-    *,
-    turn_id: uuid.UUID,
-    epoch: int,
-    status: TurnStatus,
-    event_type: EventType,
-    output: str | None,
-    error: str | None,
-    data: dict[str, Any],
-    delta: dict[str, Any] | None = None,
-) -> TurnRecord | None:
-    """The finished turn, or None when the epoch or status no longer matched.
-    ``delta``, when given, is the data of the turn's last ``turn.delta``,
-    appended just before the end."""
-    one = Finish(turn_id, epoch, status, event_type, output, error, data, delta)
-    return (await finish_many(conn, [one])).get(turn_id)
 
 
 async def interrupt_expired(conn: Conn, *, by: str) -> list[TurnRecord]:

@@ -19,6 +19,30 @@ from keyturn.runtime.validation import TurnRequest
 from tests.support import GraphQLClient, InProcessServer, admin
 
 
+# One turn's renewal or finish, through the statements that take many.
+async def renew_one(
+    conn: Any, *, turn_id: uuid.UUID, epoch: int, ttl_s: float
+) -> leases.Renewal | None:
+    return (await leases.renew_many(conn, leases=[(turn_id, epoch)], ttl_s=ttl_s)).renewed.get(
+        turn_id
+    )
+
+
+async def finish_one(
+    conn: Any,
+    *,
+    turn_id: uuid.UUID,
+    epoch: int,
+    status: TurnStatus,
+    event_type: EventType,
+    output: str | None,
+    error: str | None,
+    data: dict[str, Any],
+) -> Any:
+    one = leases.Finish(turn_id, epoch, status, event_type, output, error, data)
+    return (await leases.finish_many(conn, [one])).get(turn_id)
+
+
 @pytest.fixture
 async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     e = create_engine(database_url, pool_size=4)
@@ -47,8 +71,8 @@ async def test_a_stale_owners_write_is_refused_and_recorded(engine: AsyncEngine,
         [interrupted] = await leases.interrupt_expired(conn, by="sweeper")
         assert interrupted.status == "INTERRUPTED"
         # The old owner wakes up and tries to finish and to renew: both refused.
-        assert not await leases.renew(conn, turn_id=turn_id, epoch=1, ttl_s=30)
-        done = await leases.finish(
+        assert not await renew_one(conn, turn_id=turn_id, epoch=1, ttl_s=30)
+        done = await finish_one(
             conn,
             turn_id=turn_id,
             epoch=1,
@@ -86,7 +110,7 @@ async def test_a_new_claim_fences_out_the_previous_epoch(engine: AsyncEngine, db
         [second] = (await leases.claim(conn, owner="b", ttl_s=30, limit=1)).turns
         assert (second.epoch, second.owner) == (2, "b")
         assert (
-            await leases.finish(
+            await finish_one(
                 conn,
                 turn_id=turn_id,
                 epoch=1,
@@ -98,7 +122,7 @@ async def test_a_new_claim_fences_out_the_previous_epoch(engine: AsyncEngine, db
             )
             is None
         )
-        finished = await leases.finish(
+        finished = await finish_one(
             conn,
             turn_id=turn_id,
             epoch=2,
@@ -179,7 +203,7 @@ async def test_writers_lock_the_session_before_the_turn(
 
         async def finish() -> Any:
             async with connect(engine) as conn:
-                return await leases.finish(
+                return await finish_one(
                     conn,
                     turn_id=turn_id,
                     epoch=claimed.epoch,
