@@ -30,14 +30,29 @@ TURN_EVENTS = (
     "{ seq type turnId data } }"
 )
 # A delta as soon as 20 ms have passed: with pauses of 200 ms and more each
-# piece the fixture streams is a delta of its own.
-STREAMING = {"KEYTURN_DELTA_FLUSH_MS": "20"}
+# piece the fixture streams is a delta of its own. The subscribers' safety-net
+# poll is a minute, longer than any wait here: an event that reaches the other
+# process in time came through its NOTIFY wake-up, not through the poll.
+POLL_S = 60
+STREAMING = {"KEYTURN_DELTA_FLUSH_MS": "20", "KEYTURN_SUBSCRIPTION_POLL_S": str(POLL_S)}
+WITHIN_S = 20  # well inside POLL_S
 
 
 @pytest.fixture
 def two_servers(database_url: str, tmp_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     with two_server_processes(database_url, tmp_path, STREAMING) as servers:
         yield servers
+
+
+async def _recorded(database_url: str, turn_id: str) -> list[tuple[int, str]]:
+    db = await admin(database_url)
+    try:
+        rows = await db.fetch(
+            "SELECT seq, type FROM events WHERE turn_id = $1::uuid ORDER BY seq", turn_id
+        )
+    finally:
+        await db.close()
+    return [(r["seq"], r["type"]) for r in rows]
 
 
 async def test_turn_events_reach_a_subscriber_on_the_other_process(
@@ -56,18 +71,11 @@ async def test_turn_events_reach_a_subscriber_on_the_other_process(
     # Both listen from the start; whichever runs the turn, one of them hears
     # every delta from the other process, through NOTIFY.
     on_a, on_b = await asyncio.wait_for(
-        asyncio.gather(listen(two_servers[0]), listen(two_servers[1])), 60
+        asyncio.gather(listen(two_servers[0]), listen(two_servers[1])), WITHIN_S
     )
     done = await client.turn(turn["id"])
     assert done is not None and done["status"] == "COMPLETED"
-    db = await admin(database_url)
-    try:
-        rows = await db.fetch(
-            "SELECT seq, type FROM events WHERE turn_id = $1::uuid ORDER BY seq", turn["id"]
-        )
-    finally:
-        await db.close()
-    expected = [(r["seq"], r["type"]) for r in rows]
+    expected = await _recorded(database_url, turn["id"])
     assert [t for _, t in expected] == [
         "turn.started",
         "turn.running",
@@ -81,6 +89,45 @@ async def test_turn_events_reach_a_subscriber_on_the_other_process(
         "".join(e["data"]["text"] for e in elsewhere if e["type"] == "turn.delta")
         == (done["output"])
     )
+    await client.close()
+
+
+async def test_a_subscriber_on_the_other_process_resumes_mid_stream_from_after_seq(
+    two_servers: tuple[ServerProcess, ServerProcess], database_url: str
+) -> None:
+    client = GraphQLClient(two_servers[0].url)
+    sid = await client.create_session()
+    turn = (await client.submit(sid, "k", "/stream 8 300 resumed elsewhere"))["turn"]
+    running = await client.wait_for_status(turn["id"], {"RUNNING"}, within=WITHIN_S)
+    owner = owner_process(running, two_servers)
+    other = two_servers[1] if owner is two_servers[0] else two_servers[0]
+
+    # On the process that does not run the turn: two deltas, then the
+    # connection is dropped, as a reload or a lost network drops it.
+    first: list[Any] = []
+    async with ws_session(other.ws_url) as ws:
+        async for r in ws.subscribe(request(TURN_EVENTS, t=turn["id"], a=0)):
+            first.append(r["turnEvents"])
+            if sum(e["type"] == "turn.delta" for e in first) == 2:
+                break
+    assert first[-1]["type"] == "turn.delta"
+
+    async def rest() -> list[Any]:
+        async with ws_session(other.ws_url) as ws:
+            after = request(TURN_EVENTS, t=turn["id"], a=first[-1]["seq"])
+            return [r["turnEvents"] async for r in ws.subscribe(after)]
+
+    second = await asyncio.wait_for(rest(), WITHIN_S)
+    heard = [(e["seq"], e["type"]) for e in first + second]
+    expected = await _recorded(database_url, turn["id"])
+    # Resumed from its cursor: every event once, in seq order, to the end.
+    assert heard == expected
+    assert expected[-1][1] == "turn.completed"
+    assert sum(t == "turn.delta" for _, t in expected) == 8
+    done = await client.turn(turn["id"])
+    assert done is not None
+    texts = [e["data"]["text"] for e in first + second if e["type"] == "turn.delta"]
+    assert "".join(texts) == done["output"]
     await client.close()
 
 
