@@ -11,7 +11,7 @@ from graphql import ASTValidationRule, DocumentNode, GraphQLError, GraphQLSchema
 from strawberry.extensions import DisableIntrospection, SchemaExtension
 from strawberry.extensions.max_aliases import create_validator as alias_rule
 from strawberry.extensions.query_depth_limiter import create_validator as depth_rule
-from strawberry.schema.schema import validate_document
+from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext, validate_document
 from strawberry.types import ExecutionContext
 
 from keyturn.errors import ResponseTooLarge
@@ -130,7 +130,11 @@ class RequestLimits(SchemaExtension):
             ]
 
 
-def build_schema(*, introspection: bool = True, max_depth: int = MAX_DEPTH) -> strawberry.Schema:
+def build_schema(
+    *, introspection: bool = True, max_depth: int = MAX_DEPTH, fast_lists: bool = True
+) -> strawberry.Schema:
+    """The schema; ``fast_lists=False`` completes every list on graphql-core's
+    own path (keyturn.schema.execution), the reference its answers must equal."""
     # The depth and alias rules are built once per schema, not per request:
     # a rule class made per request would never find its cached validation.
     # The cost rule joins them per operation (its limit is a setting), one
@@ -141,7 +145,7 @@ def build_schema(*, introspection: bool = True, max_depth: int = MAX_DEPTH) -> s
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
-        execution_context_class=FastLists,
+        execution_context_class=FastLists if fast_lists else StrawberryGraphQLCoreExecutionContext,
         extensions=[*extra, lambda: RequestLimits(rules), PublicErrors],
     )
 

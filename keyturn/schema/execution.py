@@ -11,8 +11,8 @@ what the document selects is read.
 
 Anything else takes graphql-core's own path, and so does any list where one
 item would not complete cleanly (a null in a non-null field, a value its
-scalar refuses): that path then gives the error with its exact path and
-message. A large field (keyturn.schema.budget) is charged as its extension
+scalar refuses, an attribute that raises): that path then gives the error
+with its exact path and message. A large field (keyturn.schema.budget) is charged as its extension
 charges it, so a page past the size limit answers as before.
 """
 
@@ -151,13 +151,19 @@ class FastLists(StrawberryGraphQLCoreExecutionContext):
             charge = self._charger() if counted else None
 
             def leaf(source: Any, out: dict[str, Any]) -> None:
-                value = getattr(source, attribute)
+                # A value its scalar refuses (an Int past 32 bits), or an
+                # attribute that raises, is an error at the item's field:
+                # graphql-core's path reports it there, not at the list.
+                try:
+                    value = getattr(source, attribute)
+                    coerced = None if value is None else coerce(value)
+                except Exception:
+                    raise _Unfit from None
                 if value is None:
                     if non_null:
                         raise _Unfit
                     out[key] = None
                 else:
-                    coerced = coerce(value)
                     if coerced is None or coerced is Undefined:
                         raise _Unfit
                     out[key] = coerced
@@ -170,7 +176,10 @@ class FastLists(StrawberryGraphQLCoreExecutionContext):
         sub = self._object_plan(inner, details)
 
         def obj(source: Any, out: dict[str, Any]) -> None:
-            value = getattr(source, attribute)
+            try:
+                value = getattr(source, attribute)
+            except Exception:
+                raise _Unfit from None
             if value is None:
                 if non_null:
                     raise _Unfit
