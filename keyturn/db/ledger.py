@@ -46,7 +46,10 @@ _APPEND_RECONCILED = Statement(
 )
 
 # Interrupted turns with an idempotent call whose outcome nobody settled yet
-# (the process that interrupted them stopped before it could).
+# (the process that interrupted them stopped before it could): an intent
+# without a result, or with a result that says the outcome is unknown (the
+# tool did not answer the call, nor the question asked then). Only those:
+# a turn that ended otherwise is never retried, and keeps what it recorded.
 _UNSETTLED = Statement(
     f"""
     SELECT DISTINCT i.turn_id FROM events i JOIN turns t ON t.id = i.turn_id
@@ -55,9 +58,10 @@ _UNSETTLED = Statement(
       AND i.data ->> 'kind' = {literal(ToolKind.IDEMPOTENT)}
       AND NOT EXISTS (SELECT 1 FROM events r
                       WHERE r.turn_id = i.turn_id
-                        AND r.type IN ({literal(EventType.TOOL_RESULT)},
-                                       {literal(EventType.TOOL_RECONCILED)})
-                        AND r.data ->> 'index' = i.data ->> 'index')
+                        AND r.data ->> 'index' = i.data ->> 'index'
+                        AND (r.type = {literal(EventType.TOOL_RECONCILED)}
+                             OR (r.type = {literal(EventType.TOOL_RESULT)}
+                                 AND (r.data ->> 'outcomeUnknown') IS DISTINCT FROM 'true')))
     LIMIT :limit
     """
 )

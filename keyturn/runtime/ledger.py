@@ -7,12 +7,17 @@ For every call the runtime commits ``tool.intent`` (tool, arguments, kind and
 an effect key derived from the turn id and the call's index) before the tool
 runs, and ``tool.result`` after it returns. An intent without a result is an
 outcome nobody knows: the process may have stopped before the tool ran, while
-it ran, or after. Once such a turn is INTERRUPTED, IDEMPOTENT tools are asked
-about the effect key and the answer is saved as ``tool.reconciled``; for the
-others the record keeps saying OUTCOME_UNKNOWN, and what a retry may do
-depends on the kind recorded in the intent: READ_ONLY and REPEATABLE calls
-run again (a repeat adds no effect), an UNSAFE one only when the client
-forces it.
+it ran, or after. So is a call that was sent and never answered (it timed
+out, its server died, it raised): its ``tool.result`` is the error the model
+was shown, flagged ``outcomeUnknown``, and the call stays OUTCOME_UNKNOWN,
+its result kept. An IDEMPOTENT tool is asked about such a call at once; its
+answer is in that ``tool.result`` (``reconciled`` and ``applied``) and the
+call is RECONCILED_APPLIED or RECONCILED_NOT_APPLIED. Once a turn is
+INTERRUPTED, IDEMPOTENT tools are asked about the effect key of every call
+still unknown and the answer is saved as ``tool.reconciled``; for the others
+the record keeps saying OUTCOME_UNKNOWN, and what a retry may do depends on
+the kind recorded in the intent: READ_ONLY and REPEATABLE calls run again (a
+repeat adds no effect), an UNSAFE one only when the client forces it.
 
 A call that needs approval (:mod:`keyturn.runtime.approval`) is
 AWAITING_APPROVAL from its ``tool.approval_requested`` until a decision:
@@ -42,8 +47,31 @@ class ToolCallView:
     effect_key: str
     kind: ToolKind
     state: ToolCallState
+    # What the model was shown of it: a result, an error saying its outcome
+    # is unknown, or a refusal; None while it has none.
     result: dict[str, Any] | None = None
     reused_from: str | None = None  # the turn whose result this call reused
+
+
+# What a ``tool.result`` flags about the effect, when it is not the tool's answer.
+OUTCOME_UNKNOWN = "outcomeUnknown"
+RECONCILED = "reconciled"
+APPLIED = "applied"
+
+
+def result_state(data: dict[str, Any]) -> ToolCallState:
+    """The state a ``tool.result`` establishes: COMPLETED for a tool's answer
+    (an error it answered included); for a call that was never answered,
+    unknown, or what the IDEMPOTENT tool said when it was asked at once."""
+    if data.get(OUTCOME_UNKNOWN):
+        return ToolCallState.OUTCOME_UNKNOWN
+    if data.get(RECONCILED):
+        return (
+            ToolCallState.RECONCILED_APPLIED
+            if data.get(APPLIED)
+            else ToolCallState.RECONCILED_NOT_APPLIED
+        )
+    return ToolCallState.COMPLETED
 
 
 def effect_key(turn_id: uuid.UUID, index: int) -> str:
@@ -78,7 +106,7 @@ def tool_calls(events: Sequence[EventRecord]) -> list[ToolCallView]:
         elif event.type == EventType.TOOL_RESULT:
             calls[int(d["index"])] = view(
                 d,
-                ToolCallState.COMPLETED,
+                result_state(d),
                 result=d.get("result"),
                 reused_from=d.get("reusedFrom"),
             )
@@ -90,6 +118,9 @@ def tool_calls(events: Sequence[EventRecord]) -> list[ToolCallView]:
         elif event.type == EventType.TOOL_REJECTED:
             calls[int(d["index"])] = view(d, ToolCallState.REJECTED, result=d.get("result"))
         elif event.type == EventType.TOOL_RECONCILED:
+            # Settles an interrupted turn's unknown call, one with a result
+            # saying so included; that result (an error saying the outcome is
+            # unknown) no longer stands for the call.
             state = (
                 ToolCallState.RECONCILED_APPLIED
                 if d.get("applied")
@@ -101,8 +132,9 @@ def tool_calls(events: Sequence[EventRecord]) -> list[ToolCallView]:
 
 def unsafe_unknown(calls: Sequence[ToolCallView]) -> ToolCallView | None:
     """The first call a retry must not repeat without being told to: an
-    UNSAFE call of unknown outcome. READ_ONLY and REPEATABLE ones may run
-    again; an IDEMPOTENT one runs again under its own key, applied at most once."""
+    UNSAFE call of unknown outcome, whether it has no result or a result
+    saying so. READ_ONLY and REPEATABLE ones may run again; an IDEMPOTENT one
+    runs again under its own key, applied at most once."""
     for call in calls:
         if call.state is ToolCallState.OUTCOME_UNKNOWN and call.kind is ToolKind.UNSAFE:
             return call

@@ -15,21 +15,24 @@ REPEATABLE, else UNSAFE (MCP's defaults: destructive, not idempotent). The
 tools file overrides any of them; IDEMPOTENT only with a ``key_argument`` and
 an ``applied_tool`` to ask.
 
-What a call that goes wrong records:
+What a call that goes wrong records (each is the call's result, shown to the
+model, and the turn goes on):
 
 =================================  ============================================
 the call                           recorded
 =================================  ============================================
-``isError`` result                 ``{"error": TEXT, "content": [...]}``; the
-                                   model is shown it and the turn goes on
-JSON-RPC error (the server         ``{"error": MESSAGE}``; the turn goes on
-answered with one)
-the server is not connected and    ``{"error": ...}``: the call was never sent
-does not come back in time
-the server dies during the call    READ_ONLY: ``{"error": ...}``; any other
-(a stdio process exits, the        kind: its effect is unknown, the call stays
-connection closes)                 OUTCOME_UNKNOWN and the turn is left to be
-                                   interrupted (ToolOutcomeUnknown)
+``isError`` result                 ``{"error": TEXT, "content": [...]}``,
+                                   COMPLETED: the server answered
+JSON-RPC error (the server         ``{"error": MESSAGE, "code": CODE}``,
+answered with one)                 COMPLETED: the server answered
+the server is not connected and    ``{"error": ...}``, COMPLETED: the call was
+does not come back in time         never sent
+the server dies during the call    ToolServerDied, which the runner records by
+(a stdio process exits, the        kind (:mod:`keyturn.runtime.tool_runner`):
+connection closes)                 READ_ONLY an error, COMPLETED; an
+                                   IDEMPOTENT tool is asked about its key;
+                                   any other, an error saying its effect is
+                                   unknown, OUTCOME_UNKNOWN
 =================================  ============================================
 
 A death is noticed when the transport ends (a stdio server's stdout closes)
@@ -60,7 +63,6 @@ from mcp.shared.message import SessionMessage
 from keyturn.domain import ToolKind
 from keyturn.errors import (
     ToolError,
-    ToolOutcomeUnknown,
     ToolServerDied,
     ToolServerUnavailable,
     ToolSetupError,
@@ -376,11 +378,10 @@ class McpTool:
         except ToolServerUnavailable as error:
             return {"error": str(error)}
         except McpError as error:
-            return {"error": error.error.message}
-        except ToolServerDied as error:
-            if self.kind is ToolKind.READ_ONLY:
-                return {"error": str(error)}
-            raise ToolOutcomeUnknown(f"{error}; the effect of {self.name} is unknown") from None
+            # An answer: the server said the request failed.
+            return {"error": error.error.message, "code": error.error.code}
+        # ToolServerDied: sent and never answered, for the runner to record
+        # by the tool's kind.
         return recorded(result)
 
     async def applied(self, effect_key: str) -> bool:

@@ -28,11 +28,35 @@ rounds already planned are not asked of the model again; their recorded
 results and refusals are its outcomes, and the round that waited goes on
 with the decided call (run when approved, its refusal when rejected).
 
-Each call may take ``tool_timeout_s`` (KEYTURN_TOOL_TIMEOUT_S). Past it a
-READ_ONLY call is recorded as an error result and the turn goes on; for any
-other kind the effect is unknown (the tool may still be at work), so the call
-stays OUTCOME_UNKNOWN and the turn is left to be interrupted, as when the
-process dies between intent and result.
+Each call may take ``tool_timeout_s`` (KEYTURN_TOOL_TIMEOUT_S). A call that
+was sent and not answered (past that time, its server gone mid-call, or an
+exception from the tool that is not a ToolError) is a tool error like any
+other: its ``tool.result`` is what the model is shown, and the turn goes on.
+What the result says of the effect depends on the kind:
+
+============================  ==============================================
+the call that got no answer   its ``tool.result``, and the call's state
+============================  ==============================================
+READ_ONLY                     ``{"error": TEXT}``, COMPLETED: a read did
+                              nothing
+IDEMPOTENT, asked at once     ``{"applied": true, "reconciled": true,
+(``applied`` of its key,      "note": TEXT}``, RECONCILED_APPLIED, or
+within the same time)         ``{"error": TEXT, "applied": false}``,
+                              RECONCILED_NOT_APPLIED (the answer is final:
+                              the key never applies later)
+REPEATABLE, UNSAFE, or an     ``{"error": "TEXT; whether it acted is
+IDEMPOTENT one that could     unknown", "outcomeUnknown": true}``,
+not answer                    OUTCOME_UNKNOWN (the tool may still be at
+                              work); the event's data is flagged too
+============================  ==============================================
+
+The model decides what to do with it. If the turn is interrupted later, its
+unknown calls are settled and retried as the first table says, whichever way
+they came to be unknown (an IDEMPOTENT one is asked again; an UNSAFE one
+refuses a retry without force). A turn that ended otherwise keeps what it
+recorded: nobody retries it. Only a record that cannot be written (the
+fenced append failing past the lease) leaves the turn to be interrupted
+(ToolOutcomeUnknown), as when the process dies between intent and result.
 """
 
 from __future__ import annotations
@@ -56,16 +80,24 @@ from keyturn.errors import (
     StaleLease,
     ToolError,
     ToolOutcomeUnknown,
+    ToolServerDied,
 )
 from keyturn.runtime.approval import ApprovalPolicy, Decided, ToolCallDecision, decisions, refusal
 from keyturn.runtime.bus import EventBus
 from keyturn.runtime.cancel import CancelSignal
 from keyturn.runtime.crash import CrashHook
 from keyturn.runtime.fenced import append_fenced
-from keyturn.runtime.ledger import ToolCallView, effect_key, tool_calls
+from keyturn.runtime.ledger import (
+    APPLIED,
+    OUTCOME_UNKNOWN,
+    RECONCILED,
+    ToolCallView,
+    effect_key,
+    tool_calls,
+)
 from keyturn.runtime.model import Model, PastTurn, Round, ToolOutcome, ToolRequest
 from keyturn.runtime.output import Output
-from keyturn.runtime.tools import Tools
+from keyturn.runtime.tools import Tool, Tools
 
 log = logging.getLogger(__name__)
 
@@ -162,15 +194,9 @@ def _resumption(events: list[EventRecord]) -> _Resumption:
         outcomes: list[ToolOutcome] = []
         for n, request in enumerate(requests):
             view = views.get(first + n)
-            if (
-                view is None
-                or view.result is None
-                or view.state
-                not in (
-                    ToolCallState.COMPLETED,
-                    ToolCallState.REJECTED,
-                )
-            ):
+            # A result (an unknown outcome's error included) or a refusal:
+            # the model was shown it, and is shown it again.
+            if view is None or view.result is None:
                 continue
             outcome = ToolOutcome(
                 first + n, request.tool, request.arguments, view.result, request.call_id
@@ -184,7 +210,10 @@ def _resumption(events: list[EventRecord]) -> _Resumption:
             open_round = _OpenRound(first, requests, text_start)
         text_start = end
         made = first + len(requests)
-    unknown = frozenset(i for i, v in views.items() if v.state is ToolCallState.OUTCOME_UNKNOWN)
+    # Intents without a result: running them again could repeat them.
+    unknown = frozenset(
+        i for i, v in views.items() if v.state is ToolCallState.OUTCOME_UNKNOWN and v.result is None
+    )
     return _Resumption(
         text, len(deltas), tuple(rounds), open_round, made, known, unknown, decisions(events)
     )
@@ -463,31 +492,16 @@ class ToolRunner:
         if cancel is not None:
             cancel.in_flight = plan.index  # from here to its result, no cancel stops it
         await self.crash.point("after_intent", plan.index)
+        flags: dict[str, Any] = {}
         if tool is None:
             result: dict[str, Any] = {"error": f"no tool named {plan.request.tool!r}"}
         else:
-            try:
-                result = await asyncio.wait_for(
-                    tool.run(plan.request.arguments, effect_key=plan.effect_key),
-                    self.tool_timeout_s,
-                )
-            except ToolError as error:
-                result = {"error": str(error)}
-            except TimeoutError:
-                late = f"{plan.request.tool} did not answer within {self.tool_timeout_s:g}s"
-                if plan.kind is not ToolKind.READ_ONLY:
-                    raise ToolOutcomeUnknown(f"{late}; its effect is unknown") from None
-                result = {"error": f"{late} (KEYTURN_TOOL_TIMEOUT_S)"}
-            except ToolOutcomeUnknown:
-                raise
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                log.exception("turn %s: tool %s failed", turn.id, plan.request.tool)
-                raise ToolOutcomeUnknown() from error
+            result, flags = await self._run(turn, plan, tool)
         await self.crash.point("after_write", plan.index)
         await self._append(
-            turn, EventType.TOOL_RESULT, {**data, "result": result, "epoch": turn.epoch}
+            turn,
+            EventType.TOOL_RESULT,
+            {**data, "result": result, **flags, "epoch": turn.epoch},
         )
         if cancel is not None:
             cancel.in_flight = None
@@ -495,6 +509,69 @@ class ToolRunner:
         return ToolOutcome(
             plan.index, plan.request.tool, plan.request.arguments, result, plan.request.call_id
         )
+
+    async def _run(
+        self, turn: TurnRecord, plan: _Plan, tool: Tool
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Run the tool: its result, and the flags its ``tool.result`` carries
+        beside it when the tool did not answer (see the module's table)."""
+        name = plan.request.tool
+        try:
+            answer = await asyncio.wait_for(
+                tool.run(plan.request.arguments, effect_key=plan.effect_key),
+                self.tool_timeout_s,
+            )
+            return answer, {}
+        except ToolError as error:
+            return {"error": str(error)}, {}
+        except TimeoutError:
+            late = f"{self.tool_timeout_s:g}s (KEYTURN_TOOL_TIMEOUT_S)"
+            what = f"{name} did not answer within {late}"
+        except ToolServerDied as error:
+            what = f"{name}: {error}"
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.exception("turn %s: tool %s failed", turn.id, name)
+            what = f"{name} failed ({type(error).__name__}: {error})"
+        if plan.kind is ToolKind.READ_ONLY:
+            return {"error": what}, {}
+        log.warning("turn %s: %s", turn.id, what)
+        if plan.kind is ToolKind.IDEMPOTENT and tool.kind is ToolKind.IDEMPOTENT:
+            applied = await self._ask(turn, plan, tool)
+            if applied is True:
+                note = f"{what}; asked afterwards, it says the call was applied"
+                return (
+                    {"applied": True, "reconciled": True, "note": note},
+                    {RECONCILED: True, APPLIED: True},
+                )
+            if applied is False:
+                never = (
+                    f"{what}; asked afterwards, it says the call was not applied,"
+                    " and now it never will be"
+                )
+                return {"error": never, "applied": False}, {RECONCILED: True, APPLIED: False}
+        unknown = f"{what}; whether it acted is unknown"
+        return {"error": unknown, OUTCOME_UNKNOWN: True}, {OUTCOME_UNKNOWN: True}
+
+    async def _ask(self, turn: TurnRecord, plan: _Plan, tool: Tool) -> bool | None:
+        """Ask an IDEMPOTENT tool whether the key of a call it did not answer
+        was applied, within the call's own time; None if it could not say.
+        Its answer is final (a key found not applied never applies), so it is
+        the call's outcome even if the call is still at work."""
+        try:
+            return await asyncio.wait_for(tool.applied(plan.effect_key), self.tool_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.warning(
+                "turn %s: could not ask %s about %s: %s",
+                turn.id,
+                plan.request.tool,
+                plan.effect_key,
+                str(error) or type(error).__name__,
+            )
+            return None
 
     async def _append(self, turn: TurnRecord, type: EventType, data: dict[str, Any]) -> None:
         async def write(conn: Conn) -> db.Appended:

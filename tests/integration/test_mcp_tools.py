@@ -3,17 +3,20 @@ and streamable HTTP, called through Keyturn's API with the fixture's ``/call``."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.test_tool_ledger import turn
+from tests.integration.test_tool_ledger import resolve, settled, take_over, turn
 from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_in_process
 from tests.support.tool_servers import (
+    OVERRIDES,
     effects,
     http_entry,
     http_mcp_server,
@@ -87,6 +90,9 @@ async def test_tools_get_the_kind_their_annotations_say_and_the_file_overrides_w
         "files__crash": "UNSAFE",
         "files__crash_lookup": "READ_ONLY",
         "files__pid": "READ_ONLY",
+        "files__reject": "UNSAFE",
+        "files__slow_write": "UNSAFE",
+        "files__flaky_was_applied": "READ_ONLY",
     }
     # files__file.stat is listed by the server but not offered: its dot is not
     # allowed in a function name by the model APIs.
@@ -152,20 +158,204 @@ async def test_arguments_that_are_not_a_json_object_fail_the_turn(client: GraphQ
     assert t["toolCalls"] == []
 
 
-async def test_past_the_timeout_a_read_is_an_error_and_a_write_is_unknown(
+def shown(t: dict[str, Any], index: int) -> str:
+    """The line in which the fixture model repeats what it was shown of a call."""
+    c = t["toolCalls"][index]
+    arguments = json.dumps(c["arguments"], sort_keys=True)
+    return f"tool {index} {c['tool']} {arguments}: {json.dumps(c['result'], sort_keys=True)}"
+
+
+def result_event(t: dict[str, Any], index: int) -> dict[str, Any]:
+    found: dict[str, Any]
+    [found] = [
+        e["data"] for e in t["events"] if e["type"] == "tool.result" and e["data"]["index"] == index
+    ]
+    return found
+
+
+async def test_past_the_timeout_a_read_is_an_error_and_a_write_is_unknown_and_the_turn_goes_on(
     database_url: str, stdio_tools_file: Path
 ) -> None:
     async with serving(database_url, stdio_tools_file, tool_timeout_s=1.0) as srv:
         client = GraphQLClient(srv.url)
         read = await run(client, call("files__slow_lookup", {"seconds": 30}))
         assert read["toolCalls"][0]["state"] == "COMPLETED"
-        assert "did not answer within 1s" in read["toolCalls"][0]["result"]["error"]
-        # A write that did not answer may still be at work: its effect is unknown.
-        write = await run(client, call("files__hang", {"seconds": 30}), status="INTERRUPTED")
-        assert [(c["kind"], c["state"]) for c in write["toolCalls"]] == [
-            ("UNSAFE", "OUTCOME_UNKNOWN")
+        assert read["toolCalls"][0]["result"] == {
+            "error": "files__slow_lookup did not answer within 1s (KEYTURN_TOOL_TIMEOUT_S)"
+        }
+        # A write that did not answer may still be at work: its effect is
+        # unknown, the model is told so, and the turn goes on to its next call.
+        t = await run(
+            client,
+            call("files__hang", {"seconds": 30}) + " " + call("files__echo", {"text": "next"}),
+        )
+        assert [(c["kind"], c["state"]) for c in t["toolCalls"]] == [
+            ("UNSAFE", "OUTCOME_UNKNOWN"),
+            ("READ_ONLY", "COMPLETED"),
+        ]
+        assert t["toolCalls"][0]["result"] == {
+            "error": "files__hang did not answer within 1s (KEYTURN_TOOL_TIMEOUT_S);"
+            " whether it acted is unknown",
+            "outcomeUnknown": True,
+        }
+        assert result_event(t, 0)["outcomeUnknown"] is True
+        assert shown(t, 0) in t["output"] and shown(t, 1) in t["output"]
+        await client.close()
+
+
+# Two servers on the one store, each offering the keyed slow_write: one can
+# be asked about a key, the other's question always fails.
+ASKABLE = """
+[tools."files__slow_write"]
+kind = "IDEMPOTENT"
+key_argument = "key"
+applied_tool = "files__was_applied"
+
+[tools."other__slow_write"]
+kind = "IDEMPOTENT"
+key_argument = "key"
+applied_tool = "other__fail"
+"""
+
+
+async def test_a_keyed_write_past_the_timeout_is_asked_at_once_and_its_answer_recorded(
+    database_url: str, tmp_path: Path, state: Path
+) -> None:
+    tools_file = write_tools_file(
+        tmp_path / "tools.toml",
+        stdio_entry(state),
+        stdio_entry(state, name="other"),
+        overrides=OVERRIDES + ASKABLE,
+    )
+    calls = [
+        # Wrote, then hung: applied.
+        call("files__slow_write", {"name": "a", "value": "1", "after": 600}),
+        # Hung before writing: asking settles the key, the write never lands.
+        call("files__slow_write", {"name": "b", "value": "2", "before": 600}),
+        # Hung, and its server cannot say: unknown.
+        call("other__slow_write", {"name": "c", "value": "3", "before": 600}),
+    ]
+    async with serving(database_url, tools_file, tool_timeout_s=3.0) as srv:
+        client = GraphQLClient(srv.url)
+        t = await run(client, " ".join(calls))
+        await client.close()
+    late = "did not answer within 3s (KEYTURN_TOOL_TIMEOUT_S)"
+    applied, never, unknown = t["toolCalls"]
+    assert applied["state"] == "RECONCILED_APPLIED"
+    assert applied["result"] == {
+        "applied": True,
+        "reconciled": True,
+        "note": f"files__slow_write {late}; asked afterwards, it says the call was applied",
+    }
+    assert never["state"] == "RECONCILED_NOT_APPLIED"
+    assert never["result"] == {
+        "error": f"files__slow_write {late}; asked afterwards, it says the call was not"
+        " applied, and now it never will be",
+        "applied": False,
+    }
+    assert unknown["state"] == "OUTCOME_UNKNOWN"
+    assert unknown["result"] == {
+        "error": f"other__slow_write {late}; whether it acted is unknown",
+        "outcomeUnknown": True,
+    }
+    assert all(shown(t, n) in t["output"] for n in range(3))
+    # The store agrees: written once, settled as never, untouched.
+    done = effects(state)
+    assert [[e["op"] for e in done if e.get("key") == c["effectKey"]] for c in t["toolCalls"]] == [
+        ["write"],
+        ["settled"],
+        [],
+    ]
+
+
+async def first_result(client: GraphQLClient, turn_id: str) -> None:
+    """Until the turn's first call has its result recorded."""
+    deadline = time.monotonic() + 30
+    while True:
+        calls = (await turn(client, turn_id))["toolCalls"]
+        if calls and calls[0]["result"] is not None:
+            return
+        assert time.monotonic() < deadline, "the call's result was not recorded"
+        await asyncio.sleep(0.05)
+
+
+async def test_an_unsafe_call_recorded_unknown_still_refuses_a_retry_without_force(
+    database_url: str, stdio_tools_file: Path, db: Any
+) -> None:
+    async with serving(database_url, stdio_tools_file, tool_timeout_s=1.0) as srv:
+        client = GraphQLClient(srv.url)
+        sid = await client.create_session()
+        # The reply after the call takes a minute: time to interrupt the turn.
+        input = "/sleep 60000 " + call("files__hang", {"seconds": 30})
+        tid = (await client.submit(sid, "k", input))["turn"]["id"]
+        await first_result(client, tid)
+        await take_over(db, tid)
+        await client.wait_for_status(tid, {"INTERRUPTED"})
+        t = await turn(client, tid)
+        assert [(c["kind"], c["state"]) for c in t["toolCalls"]] == [("UNSAFE", "OUTCOME_UNKNOWN")]
+        refused = await resolve(client, tid, "RETRY", "again")
+        assert refused["__typename"] == "UnsafeRetryRefused"
+        assert (refused["index"], refused["tool"]) == (0, "files__hang")
+        forced = await resolve(client, tid, "RETRY", "again", force=True)
+        assert forced["__typename"] == "TurnResolved"
+        await client.close()
+
+
+async def test_a_keyed_call_left_unknown_in_an_interrupted_turn_is_settled_by_the_next_process(
+    database_url: str, tmp_path: Path, state: Path, db: Any
+) -> None:
+    tools_file = write_tools_file(
+        tmp_path / "tools.toml",
+        stdio_entry(state, name="flaky"),
+        overrides="""
+[tools."flaky__slow_write"]
+kind = "IDEMPOTENT"
+key_argument = "key"
+applied_tool = "flaky__flaky_was_applied"
+""",
+    )
+    down = Path(f"{state}.down")
+    await asyncio.to_thread(down.touch)  # the tool cannot say whether a key was applied
+    input = "/sleep 60000 " + call("flaky__slow_write", {"name": "a", "value": "1", "before": 600})
+    async with serving(database_url, tools_file, tool_timeout_s=1.0) as srv:
+        client = GraphQLClient(srv.url)
+        sid = await client.create_session()
+        tid = (await client.submit(sid, "k", input))["turn"]["id"]
+        await first_result(client, tid)
+        # Interrupted, and this process stops while its question still fails.
+        await take_over(db, tid)
+        await client.wait_for_status(tid, {"INTERRUPTED"})
+        t = await turn(client, tid)
+        assert [(c["kind"], c["state"]) for c in t["toolCalls"]] == [
+            ("IDEMPOTENT", "OUTCOME_UNKNOWN")
         ]
         await client.close()
+    await asyncio.to_thread(down.unlink)
+    # The next process finds the turn unsettled at its start, and asks.
+    async with serving(database_url, tools_file) as srv:
+        client = GraphQLClient(srv.url)
+        t = await settled(client, tid)
+        await client.close()
+    [reconciled] = t["toolCalls"]
+    assert reconciled["state"] == "RECONCILED_NOT_APPLIED"
+    assert [e["op"] for e in effects(state) if e.get("key") == reconciled["effectKey"]] == [
+        "settled"
+    ]
+
+
+async def test_a_json_rpc_error_is_the_calls_result_and_the_turn_goes_on(
+    client: GraphQLClient,
+) -> None:
+    t = await run(
+        client,
+        call("files__reject", {"reason": "no"}) + " " + call("files__echo", {"text": "next"}),
+    )
+    rejected, echoed = t["toolCalls"]
+    assert rejected["state"] == "COMPLETED"
+    # The server's JSON-RPC error response (INVALID_PARAMS), not an isError result.
+    assert rejected["result"] == {"error": "rejected by the server: no", "code": -32602}
+    assert echoed["state"] == "COMPLETED"
+    assert shown(t, 0) in t["output"] and shown(t, 1) in t["output"]
 
 
 async def test_a_stdio_server_that_dies_mid_call_is_started_again_for_the_next_call(
@@ -181,13 +371,23 @@ async def test_a_stdio_server_that_dies_mid_call_is_started_again_for_the_next_c
         first = await server_pid()
         # A read cut short changed nothing: recorded as an error, the turn goes on.
         read = await run(client, call("files__crash_lookup"))
+        assert read["toolCalls"][0]["state"] == "COMPLETED"
         assert "went away during the call" in read["toolCalls"][0]["result"]["error"]
         second = await server_pid()
         assert second != first
-        # Anything else cut short may have done its work: OUTCOME_UNKNOWN.
-        unsafe = await run(client, call("files__crash"), status="INTERRUPTED")
-        assert [(c["kind"], c["state"]) for c in unsafe["toolCalls"]] == [
-            ("UNSAFE", "OUTCOME_UNKNOWN")
+        # Anything else cut short may have done its work: recorded as unknown,
+        # shown to the model, and the turn goes on (its server started again).
+        t = await run(client, call("files__crash") + " " + call("files__pid"))
+        assert [(c["kind"], c["state"]) for c in t["toolCalls"]] == [
+            ("UNSAFE", "OUTCOME_UNKNOWN"),
+            ("READ_ONLY", "COMPLETED"),
         ]
-        assert await server_pid() not in (first, second)
+        assert t["toolCalls"][0]["result"] == {
+            "error": "files__crash: tool server 'files' went away during the call;"
+            " whether it acted is unknown",
+            "outcomeUnknown": True,
+        }
+        assert shown(t, 0) in t["output"]
+        third = int(t["toolCalls"][1]["result"]["structuredContent"]["result"])
+        assert third not in (first, second)
         await client.close()

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from keyturn.runtime.process import build_model
 from keyturn.settings import Settings
 from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_in_process
 from tests.support.openai_server import Call, ModelServer, Reply, serve_model, text
+from tests.support.tool_servers import stdio_entry, write_tools_file
 
 # Recognisable, so that any output it reached can be found.
 FAKE_KEY = "sk-keyturn-fake-7f3c9a1e5b2d"
@@ -233,6 +235,53 @@ async def test_tool_arguments_that_are_not_json_fail_the_turn_naming_the_tool(
     error = failed_error(t)
     assert "'synthetic_write'" in error and "not a JSON object" in error
     assert not [x for x in types(t) if x.startswith("tool.")]  # nothing was run
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "settings", "state", "error"),
+    [
+        # The tool answered isError.
+        ("files__fail", {"reason": "not today"}, {}, "COMPLETED", "refused: not today"),
+        # The tool did not answer in time: the model is told its effect is unknown.
+        (
+            "files__hang",
+            {"seconds": 30},
+            {"tool_timeout_s": 1.0},
+            "OUTCOME_UNKNOWN",
+            "files__hang did not answer within 1s (KEYTURN_TOOL_TIMEOUT_S);"
+            " whether it acted is unknown",
+        ),
+    ],
+    ids=["isError", "timeout"],
+)
+async def test_a_tool_error_is_sent_back_as_the_tool_message_and_the_next_reply_completes(
+    database_url: str,
+    model_server: ModelServer,
+    tmp_path: Path,
+    tool: str,
+    arguments: dict[str, Any],
+    settings: dict[str, Any],
+    state: str,
+    error: str,
+) -> None:
+    tools_file = write_tools_file(tmp_path / "tools.toml", stdio_entry(tmp_path / "effects.jsonl"))
+    model_server.script(
+        Reply(text=("Trying. ",), calls=[Call("call_f1", tool, json.dumps(arguments))]),
+        text("That did not work."),
+    )
+    configured = openai_settings(model_server, tools_file=tools_file, **settings)
+    async with keyturn(database_url, configured) as kt:
+        sid = await kt.client.create_session()
+        t = await kt.run(sid, "k1", "try the tool")
+    assert t["status"] == "COMPLETED"
+    assert t["output"] == "Trying. That did not work."
+    [call] = t["toolCalls"]
+    assert (call["tool"], call["state"]) == (tool, state)
+    assert error in call["result"]["error"]
+    _first, second = model_server.requests
+    tool_message = second["messages"][-1]
+    assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_f1"
+    assert json.loads(tool_message["content"]) == call["result"]
 
 
 # -- history -------------------------------------------------------------------

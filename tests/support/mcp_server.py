@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from mcp import types
 from mcp.server.fastmcp import FastMCP
+from mcp.shared.exceptions import McpError
 from mcp.types import ToolAnnotations
 
 server = FastMCP("keyturn-tests", log_level="WARNING")
@@ -89,6 +91,16 @@ def write(key: str, name: str, value: str) -> dict[str, Any]:
     return {"applied": True, "alreadyApplied": False}
 
 
+@server.tool(description="Sleeps BEFORE seconds, writes as `write` does, then sleeps AFTER.")
+async def slow_write(
+    key: str, name: str, value: str, before: float = 0, after: float = 0
+) -> dict[str, Any]:
+    await anyio.sleep(before)
+    written: dict[str, Any] = write(key, name, value)
+    await anyio.sleep(after)
+    return written
+
+
 @server.tool(
     annotations=READ_ONLY,
     description="Was KEY applied? A key found not applied is settled: it never applies later.",
@@ -100,6 +112,17 @@ def was_applied(key: str) -> dict[str, Any]:
     if not effects:
         _record({"op": "settled", "key": key})
     return {"applied": False}
+
+
+@server.tool(
+    annotations=READ_ONLY,
+    description="Answers as was_applied does, but fails while the file MCP_STATE.down exists.",
+)
+def flaky_was_applied(key: str) -> dict[str, Any]:
+    if Path(f"{_state()}.down").exists():
+        raise RuntimeError("the store is down")
+    answer: dict[str, Any] = was_applied(key)
+    return answer
 
 
 @server.tool(description="Always fails.")
@@ -127,6 +150,34 @@ def crash() -> str:
 @server.tool(annotations=READ_ONLY, description="The server process exits during the call.")
 def crash_lookup() -> str:
     os._exit(3)
+
+
+@server.tool(description="Answers a JSON-RPC error, not a result (see _protocol_errors).")
+def reject(reason: str) -> str:
+    return "never reached"
+
+
+def _protocol_errors() -> None:
+    """Make ``reject`` answer a JSON-RPC error. FastMCP turns whatever a tool
+    raises, McpError included, into an ``isError`` result; an McpError raised
+    by the request handler itself is sent as the JSON-RPC error response."""
+    handlers = server._mcp_server.request_handlers
+    call_tool = handlers[types.CallToolRequest]
+
+    async def handler(request: types.CallToolRequest) -> types.ServerResult:
+        if request.params.name == "reject":
+            reason = (request.params.arguments or {}).get("reason", "")
+            raise McpError(
+                types.ErrorData(
+                    code=types.INVALID_PARAMS, message=f"rejected by the server: {reason}"
+                )
+            )
+        return await call_tool(request)
+
+    handlers[types.CallToolRequest] = handler
+
+
+_protocol_errors()
 
 
 @server.tool(annotations=READ_ONLY, description="This server process's id.")
