@@ -134,6 +134,12 @@ class Settings(BaseSettings):
     # Seconds a stopping process lets running turns finish before it hands
     # them back to the queue.
     shutdown_grace_s: float = Field(default=20.0, ge=0)
+    # How long deleteSession waits for the session's running turn to stop
+    # once it has asked it to; past it the answer is SessionBusy and the
+    # same key, sent again, carries on. As long as a lease by default: a turn
+    # whose process died is interrupted within about that long. A turn held
+    # by a tool call in flight (up to tool_timeout_s) may need a retry.
+    delete_wait_s: float = Field(default=10.0, ge=0)
 
     # A TOML file naming MCP servers whose tools the model may call, and
     # per-tool overrides of their kinds (keyturn.runtime.tools_file).

@@ -125,7 +125,7 @@ _ACTIVE = Statement(
     f"""
     SELECT id FROM turns
     WHERE session_id = :session_id AND status IN ({literals(ACTIVE_STATUSES)})
-      AND id <> :except_id AND cancel_requested_at IS NULL
+      AND id IS DISTINCT FROM CAST(:except_id AS uuid) AND cancel_requested_at IS NULL
     ORDER BY admit_seq
     """
 )
@@ -228,11 +228,13 @@ async def _cancel(
 
 
 async def cancel_active(
-    conn: Conn, *, tenant: str, session_id: uuid.UUID, except_id: uuid.UUID, reason: str
+    conn: Conn, *, tenant: str, session_id: uuid.UUID, except_id: uuid.UUID | None, reason: str
 ) -> list[TurnRecord]:
     """Cancel every queued, waiting or running turn of the session but
-    ``except_id`` (multitask INTERRUPT), in the caller's transaction, which
-    already holds the session row. The turns it cancelled or asked to stop."""
+    ``except_id`` (multitask INTERRUPT; None, a deletion: every one), in the
+    caller's transaction, which already holds the session row. The turns it
+    cancelled or asked to stop; a turn that already has a cancel is left as
+    it is, so asking again writes nothing."""
     done: list[TurnRecord] = []
     for row in await _ACTIVE.fetch(conn, session_id=session_id, except_id=except_id):
         write = await _cancel(

@@ -296,7 +296,15 @@ class Runtime:
     async def delete_session(self, request: DeletionRequest, *, tenant: str) -> DeletionResult:
         if not self.accepting:
             raise ShuttingDown()
-        result = await delete_session(engine=self.engine, request=request, tenant=tenant)
+        # A running turn is cancelled first, and its process told as for a
+        # cancelTurn; the deletion waits for it at most delete_wait_s.
+        result = await delete_session(
+            engine=self.engine,
+            request=request,
+            tenant=tenant,
+            wait_s=self.settings.delete_wait_s,
+            on_cancelled=self._cancelled,
+        )
         if result.outcome is DeletionOutcome.DELETED:
             # Its subscribers, here and in other processes, wake, find the
             # session gone and are closed (keyturn.runtime.bus).

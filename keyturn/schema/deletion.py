@@ -67,8 +67,9 @@ def from_deletion(result: DeletionResult, *, session_id: str, key: str) -> Delet
         return SessionBusy(
             code=ErrorCode.SESSION_BUSY,
             message=(
-                f"session {session_id} has a RUNNING turn ({turn}); nothing was deleted. "
-                "Delete it once the turn has ended"
+                f"session {session_id}: its running turn {turn} was asked to stop (the cancel "
+                "is recorded) and has not stopped yet; nothing else was written. "
+                "Retry with the same idempotency key to go on with the deletion"
             ),
             session_id=sid,
             turn_id=strawberry.ID(turn),

@@ -66,9 +66,10 @@ class InvalidInput(UserError):
 
 
 @strawberry.type(
-    description="A turn of the session is queued or running: nothing was written (deleteSession "
-    "refuses while one runs; submitTurn with multitask REJECT while one is queued or running). "
-    "Try again once it ends."
+    description="A turn of the session keeps it busy. From submitTurn with multitask REJECT: "
+    "a turn is queued or running, nothing was written; try again once it ends. From "
+    "deleteSession: the running turn was asked to stop (its cancel is recorded, nothing else "
+    "was written) and has not stopped within the server's wait; retry with the same key."
 )
 class SessionBusy(UserError):
     session_id: strawberry.ID

@@ -119,8 +119,8 @@ class Mutation:
         )
 
     @strawberry.mutation(  # type: ignore[untyped-decorator]
-        description="Delete a session with its turns, events and keys; refused while a turn "
-        "runs. Idempotent under its key."
+        description="Delete a session with its turns, events and keys; a running turn is "
+        "cancelled first, and the deletion waits for it to stop. Idempotent under its key."
     )
     @answers_invalid_input
     async def delete_session(self, info: Info, input: DeleteSessionInput) -> DeleteSessionResult:

@@ -1,12 +1,18 @@
 """deleteSession against a real server and PostgreSQL: idempotent under its
-key, refused while a turn runs, and afterwards the session answers
+key, cancelling a running turn first (and answering SessionBusy, the cancel
+recorded, when it cannot stop in time), and afterwards the session answers
 everywhere as one that never existed (its deletion key excepted); live
-subscribers are told, and admissions racing the deletion leave nothing."""
+subscribers are told, and admissions and turn ends racing the deletion
+leave nothing."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +24,9 @@ from tests.support import (
     TURN_COMPLETED,
     GraphQLClient,
     InProcessServer,
+    fast_settings,
     request,
+    serve_in_process,
     ws_session,
 )
 from tests.support.recorded import RESOLVE, record_session, rows_of_session
@@ -58,6 +66,41 @@ def without(text: str, *ids: str) -> str:
     for value in ids:
         text = text.replace(value, "ID")
     return text
+
+
+def only_its_deletion(rows: dict[str, int]) -> dict[str, int]:
+    """What rows_of_session finds of a deleted session: its deletion's key."""
+    return {t: (1 if t == "session_deletions" else 0) for t in rows}
+
+
+# Nothing anywhere refers to a session or turn that is not there.
+ORPHANS = """SELECT (SELECT count(*) FROM turns t LEFT JOIN sessions s ON s.id = t.session_id
+                     WHERE s.id IS NULL)
+                  + (SELECT count(*) FROM events e LEFT JOIN turns t ON t.id = e.turn_id
+                     WHERE e.turn_id IS NOT NULL AND t.id IS NULL)
+                  + (SELECT count(*) FROM events e LEFT JOIN sessions s ON s.id = e.session_id
+                     WHERE s.id IS NULL)"""
+
+
+async def worker_idle(server: InProcessServer) -> None:
+    """Until the server runs no turn: whatever a turn's task would still
+    write, it has written."""
+    worker = server.app.state.runtime.worker
+    async with asyncio.timeout(15):
+        while worker.running_count:  # noqa: ASYNC110 - a plain attribute of the worker
+            await asyncio.sleep(0.02)
+
+
+def trouble(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Log lines that would say a turn's process met a record that was gone:
+    errors, and a write refused or left to a lease."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.ERROR
+        or "refused" in r.getMessage()
+        or "leaving it to its lease" in r.getMessage()
+    ]
 
 
 async def stream_error(ws_url: str, query: str, **variables: Any) -> Any:
@@ -111,27 +154,166 @@ async def test_the_same_key_for_another_session_is_a_conflict_and_deletes_nothin
     assert (await delete(client, b, "k2"))["__typename"] == "SessionDeleted"
 
 
-async def test_a_running_turn_refuses_the_deletion_and_nothing_is_written(
-    client: GraphQLClient, db: Any
+async def test_a_running_turn_is_cancelled_first_then_the_session_goes_with_its_queue(
+    server: InProcessServer, client: GraphQLClient, db: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     sid = await client.create_session()
-    running = (await client.submit(sid, "slow", "/sleep 3000 hold on"))["turn"]["id"]
+    running = (await client.submit(sid, "slow", "/sleep 1500 hold on"))["turn"]["id"]
     queued = (await client.submit(sid, "next", "after it"))["turn"]["id"]
     await client.wait_for_status(running, {"RUNNING"})
-    before = await rows_of_session(db, sid)
+    seen: list[dict[str, Any]] = []
+    closed: dict[str, Any] = {}
+    async with ws_session(server.ws_url) as ws:
 
-    busy = await delete(client, sid, "bye")
-    assert busy["__typename"] == "SessionBusy" and busy["code"] == "SESSION_BUSY"
-    assert busy["sessionId"] == sid and busy["turnId"] == running
-    assert running in busy["message"]
-    assert await rows_of_session(db, sid) == before
-    assert await db.fetchval("SELECT count(*) FROM session_deletions") == 0
+        async def events() -> None:
+            try:
+                async for r in ws.subscribe(request(SESSION_EVENTS, s=sid, a=0)):
+                    seen.append(r["sessionEvents"])
+            except TransportQueryError as error:
+                closed["error"] = error.errors[0] if error.errors else None
 
-    # Nothing was written under the key: once the turns end it deletes.
-    await client.wait_for_status(running, {"COMPLETED"})
-    await client.wait_for_status(queued, {"COMPLETED"})
-    done = await delete(client, sid, "bye")
-    assert done == {"__typename": "SessionDeleted", "sessionId": sid, "replayed": False}
+        task = asyncio.create_task(events())
+        recorded = await db.fetchval("SELECT count(*) FROM events WHERE session_id = $1::uuid", sid)
+        async with asyncio.timeout(10):
+            while len(seen) < recorded:  # noqa: ASYNC110 - the subscriber has read the record
+                await asyncio.sleep(0.02)
+        with caplog.at_level(logging.INFO):
+            deleted = await delete(client, sid, "bye")
+            assert deleted == {"__typename": "SessionDeleted", "sessionId": sid, "replayed": False}
+            async with asyncio.timeout(15):
+                await task
+            await worker_idle(server)
+
+    # The subscriber saw the deletion's cancels, then (unless the deletion
+    # removed it first) the running turn's stop, then the end of the session.
+    reason = "the session is being deleted"
+    expected = [
+        ("turn.cancel_requested", running, reason),
+        ("turn.cancelled", queued, reason),
+        ("turn.cancelled", running, reason),
+    ]
+    after = [(e["type"], e["turnId"], e["data"].get("reason")) for e in seen[recorded:]]
+    assert len(after) >= 2 and after == expected[: len(after)], seen
+    assert closed["error"]["message"] == f"session {sid} was deleted", closed
+    assert closed["error"]["extensions"] == {"code": "NOT_FOUND", "retryable": False}
+
+    # With the worker done, nothing of the session is left and nothing was
+    # written for its turns after the deletion.
+    rows = await rows_of_session(db, sid)
+    assert rows == only_its_deletion(rows)
+    assert await db.fetchval(ORPHANS) == 0
+    assert await db.fetchval("SELECT count(*) FROM events WHERE type = 'turn.write_refused'") == 0
+    assert trouble(caplog) == []
+    # Its process stopped it at a safe point (it did not run to its end).
+    assert f"turn {running}: cancelled at a safe point" in caplog.messages
+    for tid in (running, queued):
+        assert await client.turn(tid) is None
+    again = await delete(client, sid, "bye")
+    assert again == {"__typename": "SessionDeleted", "sessionId": sid, "replayed": True}
+    assert await rows_of_session(db, sid) == rows
+
+
+async def test_a_deletion_racing_the_running_turns_own_end_leaves_no_orphan(
+    server: InProcessServer, client: GraphQLClient, db: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    rng = random.Random(11)
+    sessions = []
+    with caplog.at_level(logging.INFO):
+        for n in range(10):
+            sid = await client.create_session()
+            sessions.append(sid)
+            # A short stream: the deletion lands before its end, during it or
+            # just after it.
+            tid = (await client.submit(sid, "k", f"/stream 4 {rng.randint(20, 50)}"))["turn"]["id"]
+            await client.wait_for_status(tid, {"RUNNING", "COMPLETED"})
+            await asyncio.sleep(rng.uniform(0, 0.12))
+            deleted = await delete(client, sid, f"bye-{n}")
+            assert deleted == {"__typename": "SessionDeleted", "sessionId": sid, "replayed": False}
+            assert await client.turn(tid) is None
+        await worker_idle(server)
+    for sid in sessions:
+        rows = await rows_of_session(db, sid)
+        assert rows == only_its_deletion(rows)
+    assert await db.fetchval("SELECT count(*) FROM turns") == 0
+    assert await db.fetchval(ORPHANS) == 0
+    assert trouble(caplog) == []
+
+
+@pytest.fixture
+async def held(database_url: str, tmp_path: Path) -> AsyncIterator[tuple[InProcessServer, Path]]:
+    """A server whose tool calls are held in flight, after their intent,
+    until the release file exists; its deletions wait briefly."""
+    release = tmp_path / "release"
+    settings = fast_settings(delete_wait_s=0.3, hold_at="after_intent", hold_until=release)
+    async with serve_in_process(database_url, settings) as srv:
+        yield srv, release
+
+
+async def test_a_turn_held_by_a_tool_call_answers_busy_with_its_cancel_recorded_and_the_key_goes_on(
+    held: tuple[InProcessServer, Path], db: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, release = held
+    client = GraphQLClient(server.url)
+    try:
+        sid = await client.create_session()
+        running = (await client.submit(sid, "w", "/write a=1"))["turn"]["id"]
+        queued = (await client.submit(sid, "next", "after it"))["turn"]["id"]
+        async with asyncio.timeout(10):
+            while not await db.fetchval(  # noqa: ASYNC110 - the call is now in flight
+                "SELECT count(*) FROM events WHERE turn_id = $1::uuid AND type = 'tool.intent'",
+                running,
+            ):
+                await asyncio.sleep(0.02)
+        before = await db.fetchval("SELECT max(seq) FROM events WHERE session_id = $1::uuid", sid)
+
+        with caplog.at_level(logging.INFO):
+            busy = await delete(client, sid, "bye")
+            assert busy["__typename"] == "SessionBusy" and busy["code"] == "SESSION_BUSY"
+            assert busy["sessionId"] == sid and busy["turnId"] == running
+            assert "same idempotency key" in busy["message"] and running in busy["message"]
+            # Written: the cancels, nothing else. The running turn still runs, asked to
+            # stop; the queued one ended; the key took nothing.
+            written = await db.fetch(
+                "SELECT type, turn_id::text AS turn, data ->> 'reason' AS reason FROM events "
+                "WHERE session_id = $1::uuid AND seq > $2 ORDER BY seq",
+                sid,
+                before,
+            )
+            reason = "the session is being deleted"
+            assert [tuple(r) for r in written] == [
+                ("turn.cancel_requested", running, reason),
+                ("turn.cancelled", queued, reason),
+            ]
+            statuses = dict(
+                await db.fetch(
+                    "SELECT id::text, status FROM turns WHERE session_id = $1::uuid", sid
+                )
+            )
+            assert statuses == {running: "RUNNING", queued: "CANCELLED"}
+            assert await db.fetchval("SELECT count(*) FROM session_deletions") == 0
+
+            # The same key while the call is still held: asked once, not twice.
+            assert (await delete(client, sid, "bye"))["__typename"] == "SessionBusy"
+            last = await db.fetchval("SELECT max(seq) FROM events WHERE session_id = $1::uuid", sid)
+            assert last == before + len(written)
+
+            # The call goes on to its result (never cut); then the turn stops, and the
+            # same key deletes.
+            release.touch()
+            async with asyncio.timeout(20):
+                # Each answer is the record's: busy until the turn has stopped.
+                while (answer := await delete(client, sid, "bye"))["__typename"] == "SessionBusy":  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            assert answer == {"__typename": "SessionDeleted", "sessionId": sid, "replayed": False}
+            await worker_idle(server)
+        rows = await rows_of_session(db, sid)
+        assert rows == only_its_deletion(rows)
+        assert await db.fetchval(ORPHANS) == 0
+        # The held call's effect happened: the tool ran to its end.
+        assert await db.fetchval("SELECT count(*) FROM synthetic_effects WHERE applied") == 1
+        assert trouble(caplog) == []
+    finally:
+        await client.close()
 
 
 async def test_queued_turns_go_with_the_session(
@@ -145,6 +327,37 @@ async def test_queued_turns_go_with_the_session(
     assert await db.fetchval("SELECT count(*) FROM turns") == 0
     for t in turns:
         assert await client.turn(t["id"]) is None
+
+
+@pytest.fixture
+async def approving(database_url: str) -> AsyncIterator[InProcessServer]:
+    async with serve_in_process(database_url, fast_settings(approve_unsafe=True)) as srv:
+        yield srv
+
+
+async def test_a_turn_waiting_for_a_decision_goes_at_once_and_its_call_never_runs(
+    approving: InProcessServer, db: Any
+) -> None:
+    client = GraphQLClient(approving.url)
+    try:
+        sid = await client.create_session()
+        waiting = (await client.submit(sid, "w", "/append a=1"))["turn"]["id"]
+        queued = (await client.submit(sid, "n", "next"))["turn"]["id"]
+        await client.wait_for_status(waiting, {"WAITING"})
+        deleted = await delete(client, sid, "bye")
+        assert deleted == {"__typename": "SessionDeleted", "sessionId": sid, "replayed": False}
+        rows = await rows_of_session(db, sid)
+        assert rows == only_its_deletion(rows)
+        for tid in (waiting, queued):
+            assert await client.turn(tid) is None
+        decided = await client.execute(
+            """mutation($i: DecideToolCallInput!) { decideToolCall(input: $i) { __typename } }""",
+            {"i": {"turnId": waiting, "index": 0, "decision": "APPROVE", "idempotencyKey": "d"}},
+        )
+        assert decided["decideToolCall"]["__typename"] == "TurnNotFound"
+        assert await db.fetchval("SELECT count(*) FROM synthetic_effects") == 0
+    finally:
+        await client.close()
 
 
 async def test_after_deletion_everything_answers_as_for_a_session_that_never_existed(
@@ -247,12 +460,8 @@ async def test_deletion_racing_admissions_leaves_admissions_it_removed_or_not_fo
 
     async def deletion() -> dict[str, Any]:
         await asyncio.sleep(0.02)
-        while True:
-            # Busy while an admitted turn runs: the same key again, until it deletes.
-            answer = await delete(client, sid, "bye")
-            if answer["__typename"] != "SessionBusy":
-                return answer
-            await asyncio.sleep(0.01)
+        # A turn admitted and claimed while it waits is asked to stop too.
+        return await delete(client, sid, "bye")
 
     *answers, deleted = await asyncio.gather(*(submit(n) for n in range(40)), deletion())
     assert deleted == {"__typename": "SessionDeleted", "sessionId": sid, "replayed": False}
@@ -262,15 +471,8 @@ async def test_deletion_racing_admissions_leaves_admissions_it_removed_or_not_fo
         if a["__typename"] == "TurnAccepted":
             assert await client.turn(a["turn"]["id"]) is None
     rows = await rows_of_session(db, sid)
-    assert rows == {t: (1 if t == "session_deletions" else 0) for t in rows}
-    # Nothing anywhere refers to a session or turn that is not there.
-    orphans = await db.fetchval(
-        """SELECT (SELECT count(*) FROM turns t LEFT JOIN sessions s ON s.id = t.session_id
-                   WHERE s.id IS NULL)
-                + (SELECT count(*) FROM events e LEFT JOIN turns t ON t.id = e.turn_id
-                   WHERE e.turn_id IS NOT NULL AND t.id IS NULL)"""
-    )
-    assert orphans == 0
+    assert rows == only_its_deletion(rows)
+    assert await db.fetchval(ORPHANS) == 0
 
 
 async def test_deletion_racing_subscriptions_ends_every_one_of_them(
