@@ -93,7 +93,7 @@ class ToolKind(StrEnum):
 class ToolCallState(StrEnum):
     NOT_STARTED = "NOT_STARTED"  # planned, no intent recorded: the tool did not run
     COMPLETED = "COMPLETED"  # intent and result recorded
-    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # intent without result: it may or may not have run
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # intent without an answer: it may or may not have run
     RECONCILED_APPLIED = "RECONCILED_APPLIED"  # unknown, then the tool said: applied
     RECONCILED_NOT_APPLIED = "RECONCILED_NOT_APPLIED"  # unknown, then the tool said: never
     AWAITING_APPROVAL = "AWAITING_APPROVAL"  # planned; waits for decideToolCall

@@ -110,8 +110,10 @@ class ToolServerDied(KeyturnError):
 
 
 class ToolOutcomeUnknown(KeyturnError):
-    """A tool failed in a way that leaves its effect unknown; the turn is left
-    to be interrupted and reconciled, not finished."""
+    """A call's outcome cannot even be recorded (the record's own write failed
+    past the lease, or a resumed turn meets an intent with no answer); the
+    turn is left to be interrupted and reconciled, not finished. A tool that
+    merely gives no answer is recorded as such and the turn goes on."""
 
 
 class AwaitingApproval(KeyturnError):

@@ -11,7 +11,10 @@ from __future__ import annotations
 import contextvars
 import logging
 import logging.config
+import re
 import sys
+import traceback
+from types import TracebackType
 from typing import Any
 
 # orjson encodes a line several times faster than the standard json module,
@@ -33,7 +36,54 @@ def resolve(fmt: str) -> str:
     return fmt
 
 
-class JsonFormatter(_JsonFormatter):
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+
+# A driver's or SQLAlchemy's message may carry the statement and its
+# parameters; neither belongs in a log line.
+_SQL = re.compile(r"\s*\[(SQL|parameters):.*", re.DOTALL)
+_MESSAGE_CHARS = 300
+
+
+def one_line(exc_info: ExcInfo) -> str:
+    """An exception as one line, not a stack trace: its type, the first line of
+    its message (no SQL), and where it was raised (file, line and function of
+    the innermost frame), enough to find the bug without printing the stack."""
+    kind, error, tb = exc_info
+    if kind is None or error is None:
+        return ""
+    message = _SQL.sub("", str(error)).strip().splitlines()
+    text = message[0][:_MESSAGE_CHARS] if message else ""
+    where = ""
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    if frames:
+        last = frames[-1]
+        where = f" (at {_short(last.filename)}:{last.lineno} in {last.name})"
+    cause = error.__cause__ or error.__context__
+    caused = f"; from {type(cause).__name__}" if cause is not None else ""
+    return f"{kind.__name__}: {text}{where}{caused}" if text else f"{kind.__name__}{where}{caused}"
+
+
+def _short(filename: str) -> str:
+    """A source file named from its package, not from this machine's paths."""
+    parts = filename.replace("\\", "/").split("/")
+    for anchor in ("keyturn", "site-packages"):
+        if anchor in parts:
+            i = len(parts) - 1 - parts[::-1].index(anchor)
+            return "/".join(parts[i + (anchor == "site-packages") :])
+    return parts[-1]
+
+
+class _OneLine(logging.Formatter):
+    """Exceptions as :func:`one_line`, and no stack, in either format."""
+
+    def formatException(self, ei: Any) -> str:
+        return one_line(ei)
+
+    def formatStack(self, stack_info: str) -> str:
+        return ""
+
+
+class JsonFormatter(_OneLine, _JsonFormatter):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("timestamp", "time")
         kwargs.setdefault("rename_fields", {"levelname": "level", "name": "logger"})
@@ -50,12 +100,16 @@ class JsonFormatter(_JsonFormatter):
         log_record.pop("color_message", None)
 
 
-class TextFormatter(logging.Formatter):
+class TextFormatter(_OneLine):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        # logging puts the exception (and the stack, empty here) on lines of
+        # their own: keep one line.
+        line = super().format(record).rstrip("\n")
+        if record.exc_text:
+            line = line.replace("\n" + record.exc_text, f" ({record.exc_text})")
         request_id = REQUEST_ID.get()
         return f"{line} [request {request_id}]" if request_id else line
 

@@ -144,8 +144,10 @@ class Settings(BaseSettings):
     # A TOML file naming MCP servers whose tools the model may call, and
     # per-tool overrides of their kinds (keyturn.runtime.tools_file).
     tools_file: Path | None = None
-    # How long one tool call may take. Past it a READ_ONLY call is recorded
-    # as an error; any other call's effect is unknown (OUTCOME_UNKNOWN).
+    # How long one tool call may take. Past it the call is recorded as
+    # unanswered and the turn goes on: a READ_ONLY call as an error, an
+    # IDEMPOTENT one as its own answer to "was it applied?", any other's
+    # effect as unknown (OUTCOME_UNKNOWN).
     tool_timeout_s: float = Field(default=30.0, gt=0)
     # Every call of an UNSAFE tool waits for decideToolCall before it runs
     # (the tools file's ``approve`` decides per tool, over this).

@@ -4,7 +4,7 @@ Each task (the worker's claim loop, the bus's safety-net poll, the listener
 and its notifier, the token watch, the metrics sampler) is a coroutine that
 runs until cancelled (or returns when its work is over), handling the
 failures it expects (a database that does not answer) itself. One that dies
-anyway is logged with its traceback and started again after a backoff; from
+anyway is logged (one line: what and where) and started again after a backoff; from
 its death until it has run ``settle_s`` without dying again it counts as
 down, and ``/readyz`` answers 503 naming it, so a load balancer stops
 sending work to a process that cannot do it.

@@ -6,7 +6,8 @@ queries, mutations and subscriptions (:class:`PublicErrors`, a Strawberry
 extension, so no resolver catches them). An invalid request sent to a
 mutation is an expected answer instead: the ``InvalidInput`` member of its
 result union (:func:`answers_invalid_input`). Everything else is masked as
-``Unexpected error.`` and logged with its traceback.
+``Unexpected error.`` and logged as one line (its type, message and where
+it was raised; keyturn.logs keeps stack traces and SQL out of log lines).
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class PublicErrors(MaskErrors):
 
 
 def log_unexpected(errors: list[GraphQLError]) -> None:
-    """Log what went wrong unexpectedly, with its traceback; errors that are
+    """Log what went wrong unexpectedly, with where it was raised; errors that are
     the client's to handle and validation errors are answers, not incidents."""
     for error in errors:
         if is_unexpected(error):
