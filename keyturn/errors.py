@@ -92,6 +92,11 @@ class ToolError(KeyturnError):
     """The tool could not do what was asked."""
 
 
+class EffectRefused(ToolError):
+    """The tool refused the effect: its key was settled as never applied, so
+    it will not apply (a retry runs such a call under a key of its own)."""
+
+
 class ToolsFileError(KeyturnError):
     """The tools file (KEYTURN_TOOLS_FILE) is not valid."""
 

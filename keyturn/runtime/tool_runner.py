@@ -76,6 +76,7 @@ from keyturn.errors import (
     AwaitingApproval,
     CancelRequested,
     DatabaseUnavailable,
+    EffectRefused,
     ModelError,
     StaleLease,
     ToolError,
@@ -522,6 +523,9 @@ class ToolRunner:
                 self.tool_timeout_s,
             )
             return answer, {}
+        except EffectRefused as error:
+            # Refused, so never applied: recorded as such, never as a completed call.
+            return {"error": str(error), "applied": False}, {RECONCILED: True, APPLIED: False}
         except ToolError as error:
             return {"error": str(error)}, {}
         except TimeoutError:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from keyturn.db import synthetic_store as store
 from keyturn.db.engine import Engine, connect
 from keyturn.domain import ToolKind
-from keyturn.errors import ToolError, ToolSetupError
+from keyturn.errors import EffectRefused, ToolError, ToolSetupError
 from keyturn.runtime.model import ToolSpec
 
 
@@ -86,7 +86,9 @@ class SyntheticWrite(_StoreTool):
                 value=_text(arguments, "value"),
             )
         if outcome is store.Write.SETTLED_NOT_APPLIED:
-            raise ToolError(f"effect {effect_key} was settled as not applied; it will not apply")
+            raise EffectRefused(
+                f"effect {effect_key} was settled as not applied; it will not apply"
+            )
         return {"applied": True, "alreadyApplied": outcome is store.Write.ALREADY_APPLIED}
 
     async def applied(self, effect_key: str) -> bool:

@@ -10,6 +10,11 @@ from typing import Any
 
 import pytest
 
+from keyturn.db.engine import create_engine
+from keyturn.domain import ToolCallState
+from keyturn.errors import EffectRefused
+from keyturn.runtime.ledger import result_state
+from keyturn.runtime.tools import SyntheticWrite
 from tests.support import GraphQLClient, admin, fast_settings, serve_in_process
 
 TOOL_CALLS = """
@@ -378,3 +383,21 @@ async def test_a_retry_racing_reconciliation_settles_first_and_runs_under_its_ow
         new,
     )
     assert [r["type"] for r in order] == ["tool.reconciled", "tool.planned"]
+
+
+async def test_a_write_whose_key_was_settled_as_never_applied_is_refused_not_completed(
+    database_url: str, db: Any
+) -> None:
+    engine = create_engine(database_url, pool_size=2)
+    try:
+        tool = SyntheticWrite(engine)
+        # Asked first (as reconciliation asks): never applied, and now it never will be.
+        assert await tool.applied("turn/0") is False
+        with pytest.raises(EffectRefused):
+            await tool.run({"name": "n", "value": "v"}, effect_key="turn/0")
+        assert await db.fetchval("SELECT count(*) FROM synthetic_effects WHERE name = 'n'") == 0
+    finally:
+        await engine.dispose()
+    # What the runner records for a refusal, and what the ledger makes of it.
+    flags = {"reconciled": True, "applied": False}
+    assert result_state(flags) is ToolCallState.RECONCILED_NOT_APPLIED
