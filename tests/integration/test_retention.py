@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -276,11 +277,7 @@ async def test_concurrent_retries_racing_the_sweeper_never_make_a_second_turn(
 ) -> None:
     policy = RetentionPolicy(key_s=60, turn_s=60)
     settings = fast_settings(
-        key_retention="60s",
-        turn_retention="60s",
-        retention_sweep_s=3600,
-        pool_size=20,
-        tenant_max_concurrent=200,
+        key_retention="60s", turn_retention="60s", retention_sweep_s=3600, pool_size=20
     )
     async with (
         serve_in_process(database_url, settings) as server,
@@ -292,69 +289,166 @@ async def test_concurrent_retries_racing_the_sweeper_never_make_a_second_turn(
             tid = await completed_turn(client, sid, "racing", "hello")
         finally:
             await client.close()
-        # The key expires, and its turn becomes prunable, about a second from now.
-        await ended_ago(db, tid, 59)
-        answers = await _race(server, sid, retries=1000, sweep=sweep)
-        assert set(answers) <= {"TurnReplayed", "KeyExpired"}, set(answers)
-        assert len(answers) == 1000
-        # Afterwards: the key is in exactly one place, naming the original turn.
-        turns = await db.fetch(
-            "SELECT id FROM turns WHERE session_id = $1::uuid AND idempotency_key = 'racing'", sid
-        )
-        stones = await db.fetch(
-            "SELECT turn_id FROM key_tombstones WHERE session_id = $1::uuid", sid
-        )
-        assert [str(r["id"]) for r in turns] + [str(r["turn_id"]) for r in stones] == [tid]
-        assert await db.fetchval(
-            "SELECT count(*) FROM turns WHERE session_id = $1::uuid", sid
-        ) == len(turns)
+        await ended_ago(db, tid, 30)  # half of its key retention left
+        race = await _race(server, db, sid, tid, retries=1000, sweep=sweep)
+
+    answers = race.answers
+    assert len(answers) == 1000
+    assert {a.kind for a in answers} == {"TurnReplayed", "KeyExpired"}, {a.kind for a in answers}
+    # Every answer names the one turn.
+    assert {a.turn_id for a in answers} == {tid}
+    # Before the turn's end moved past the retention the key replays; a retry
+    # sent after that is KeyExpired, whether the turn or its tombstone answers.
+    # Admission judges expiry itself: some retries were answered by the turn
+    # before the sweeper pruned it.
+    assert all(a.kind == "TurnReplayed" for a in answers if a.answered < _AGING)
+    assert all(a.kind == "KeyExpired" for a in answers if a.sent >= _AGED)
+    assert any(a.sent == _AGED and a.answered == _AGED for a in answers)
+    # The sweeper pruned the turn once, in the middle of the retries: some were
+    # in flight across the prune, and some were sent only after it.
+    assert sum(r.tombstones_made for r in race.passes) == 1
+    assert sum(r.turns for r in race.passes) == 1
+    assert any(a.sent < _PRUNED <= a.answered for a in answers)
+    assert any(a.sent >= _PRUNED for a in answers)
+    assert race.peak_in_flight > 100
+    # Afterwards: the key is in exactly one place, naming the original turn.
+    turns = await db.fetch(
+        "SELECT id FROM turns WHERE session_id = $1::uuid AND idempotency_key = 'racing'", sid
+    )
+    stones = await db.fetch("SELECT turn_id FROM key_tombstones WHERE session_id = $1::uuid", sid)
+    assert [str(r["id"]) for r in turns] + [str(r["turn_id"]) for r in stones] == [tid]
+    assert await db.fetchval("SELECT count(*) FROM turns WHERE session_id = $1::uuid", sid) == 0
 
 
-async def _race(server: InProcessServer, sid: str, *, retries: int, sweep: Sweeper) -> list[str]:
-    """``retries`` same-key submissions at once over HTTP, while the sweeper
-    runs pass after pass; every answer's type."""
+# The race's milestones, in order: the turn's end is being moved past the key
+# (and turn) retention, it has been, the sweeper has pruned the turn to a
+# tombstone.
+_FRESH, _AGING, _AGED, _PRUNED = range(4)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    kind: str
+    turn_id: str
+    sent: int  # the milestone reached when the request was sent
+    answered: int  # and when its answer arrived
+
+
+@dataclass
+class _Race:
+    answers: list[_Answer]
+    passes: list[PassReport]
+    peak_in_flight: int
+
+
+# httpx's pool scans every queued request against every connection whenever a
+# request starts or ends: a thousand requests queued on one client spend about
+# a minute of the event loop (which the server shares) in that scan alone. So
+# the retries are spread over clients with as many connections as requests
+# each, and none queue. 250 in flight: well over the server's 20 database
+# connections, so admissions queue for the pool as they do under load (an
+# open server, with no tokens, has no per-tenant limit on requests).
+_CLIENTS = 10
+_PER_CLIENT = 25
+
+
+async def _race(
+    server: InProcessServer, db: Any, sid: str, tid: str, *, retries: int, sweep: Sweeper
+) -> _Race:
+    """``retries`` same-key submissions over HTTP, 250 at a time, while the
+    sweeper runs pass after pass. A fifth of the way in, the turn's end is
+    moved past the key (and turn) retention between two passes; once a retry
+    sent after that is answered, the passes go on and prune the turn while
+    retries are in flight. The last quarter is sent only after the prune. So
+    retries meet the key replaying, expired with its turn, and a tombstone."""
+    milestone = _FRESH
+    aged_answer = asyncio.Event()  # a retry sent after the aging has its answer
+    pruned = asyncio.Event()
+    fifth = asyncio.Event()  # a fifth of the answers are in
+    between_passes = asyncio.Lock()
+    answers: list[_Answer] = []
+    passes: list[PassReport] = []
+    in_flight = peak = 0
+    started = 0
     done = asyncio.Event()
 
-    async def sweeping() -> list[PassReport]:
-        reports = []
+    def batch_done(report: PassReport) -> None:
+        nonlocal milestone
+        if report.tombstones_made and not pruned.is_set():
+            milestone = _PRUNED  # the batch has committed
+            pruned.set()
+
+    async def sweeping() -> None:
         while not done.is_set():
-            reports.append(await sweep.run_pass())
+            async with between_passes:
+                passes.append(await sweep.run_pass(on_batch=batch_done))
             await asyncio.sleep(0.01)
-        return reports
 
-    limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
-    async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as http:
+    async def age() -> None:
+        nonlocal milestone
+        await fifth.wait()
+        async with between_passes:
+            milestone = _AGING
+            await ended_ago(db, tid, 61)
+            milestone = _AGED
+            await asyncio.wait_for(aged_answer.wait(), 30)
 
-        async def retry() -> str:
-            body = {
-                "query": SUBMIT,
-                "variables": {
-                    "input": {"sessionId": sid, "idempotencyKey": "racing", "input": "hello"}
-                },
-            }
-            # A connection lost on a loaded machine is what a client meets too:
-            # it sends the same request again, under the same key.
-            for _ in range(3):
-                try:
-                    response = await http.post("/graphql", json=body)
-                    break
-                except httpx.TransportError:
-                    await asyncio.sleep(0.1)
-            else:
-                response = await http.post("/graphql", json=body)
+    body = {
+        "query": SUBMIT,
+        "variables": {"input": {"sessionId": sid, "idempotencyKey": "racing", "input": "hello"}},
+    }
+
+    async def send(http: httpx.AsyncClient) -> httpx.Response:
+        # A connection lost on a loaded machine is what a client meets too:
+        # it sends the same request again, under the same key.
+        for _ in range(3):
+            try:
+                return await http.post("/graphql", json=body)
+            except httpx.TransportError:
+                await asyncio.sleep(0.1)
+        return await http.post("/graphql", json=body)
+
+    async def retrying(http: httpx.AsyncClient) -> None:
+        nonlocal started, in_flight, peak
+        while started < retries:
+            if started >= retries - retries // 4 and not pruned.is_set():
+                await asyncio.wait_for(pruned.wait(), 30)
+                continue
+            started += 1
+            sent = milestone
+            in_flight += 1
+            peak = max(peak, in_flight)
+            response = await send(http)
+            in_flight -= 1
             assert response.status_code == 200, response.text
-            answer = response.json()
-            assert not answer.get("errors"), answer
-            kind: str = answer["data"]["submitTurn"]["__typename"]
-            return kind
+            data = response.json()
+            assert not data.get("errors"), data
+            answer = data["data"]["submitTurn"]
+            kind = answer["__typename"]
+            turn_id = answer["turn"]["id"] if kind == "TurnReplayed" else answer.get("turnId")
+            answers.append(_Answer(kind, str(turn_id), sent, milestone))
+            if len(answers) == retries // 5:
+                fifth.set()
+            if sent == _AGED:
+                aged_answer.set()
 
+    limits = httpx.Limits(max_connections=_PER_CLIENT, max_keepalive_connections=_PER_CLIENT)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits)
+            )
+            for _ in range(_CLIENTS)
+        ]
         sweeper_task = asyncio.create_task(sweeping())
         try:
-            answers = await asyncio.gather(*(retry() for _ in range(retries)))
+            await asyncio.gather(
+                age(), *(retrying(http) for http in clients for _ in range(_PER_CLIENT))
+            )
         finally:
             done.set()
             await sweeper_task
-    return list(answers)
+    return _Race(answers, passes, peak)
 
 
 async def test_a_sweep_cancelled_between_batches_resumes_to_the_same_record(
