@@ -233,7 +233,10 @@ _INTERRUPT_EXPIRED = Statement(
 # turn with a tool intent is never run again on its own, so it stays until
 # its lease runs out and is interrupted (and its tool calls settled). Nor is
 # a turn that asked for approval: it resumes from its record, and starting
-# afresh would ask again a person who already decided.
+# afresh would ask again a person who already decided. Nor is a turn that has
+# streamed output: its deltas are its record, and a new run would stream a
+# second reply beside them, so their concatenation would no longer be its
+# output; it is interrupted with the text it recorded.
 _RELEASE = Statement(
     f"""
     WITH {SESSION_OF_TURN}, u AS (
@@ -245,7 +248,7 @@ _RELEASE = Statement(
           AND NOT EXISTS (SELECT 1 FROM events e
                           WHERE e.turn_id = :turn_id
                             AND e.type IN ({
-        literals((EventType.TOOL_INTENT, EventType.TOOL_APPROVAL_REQUESTED))
+        literals((EventType.TOOL_INTENT, EventType.TOOL_APPROVAL_REQUESTED, EventType.TURN_DELTA))
     }))
         RETURNING turns.*
     ), {

@@ -140,3 +140,41 @@ async def test_a_clean_stop_does_not_hand_back_a_turn_whose_tool_ran(
         await client.close()
     finally:
         stop_process(new)
+
+
+async def test_a_clean_stop_does_not_hand_back_a_turn_that_has_streamed(
+    database_url: str, tmp_path: Path, db: Any
+) -> None:
+    """Run again, a streamed turn would record a second reply beside the
+    first: it is interrupted with the text it recorded, which stays its output."""
+    old = start_server_process(
+        database_url,
+        tmp_path,
+        name="old",
+        env={"KEYTURN_SHUTDOWN_GRACE_S": "0.5", "KEYTURN_DELTA_FLUSH_MS": "20"},
+    )
+    client = GraphQLClient(old.url)
+    sid = await client.create_session()
+    turn = (await client.submit(sid, "s", "/stream 20 300 stopped mid-stream"))["turn"]
+    for _ in range(400):
+        seen = await client.turn(turn["id"])
+        assert seen is not None
+        if sum(e["type"] == "turn.delta" for e in seen["events"]) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    await client.close()
+    stop_process(old)  # SIGTERM mid-stream, past its grace
+    new = start_server_process(database_url, tmp_path, name="new")
+    try:
+        client = GraphQLClient(new.url)
+        ended = await client.wait_for_status(turn["id"], {"INTERRUPTED", "COMPLETED"}, within=20)
+        assert ended["status"] == "INTERRUPTED"
+        types = [e["type"] for e in ended["events"]]
+        assert "turn.released" not in types and types.count("turn.running") == 1
+        pieces = [e["data"]["text"] for e in ended["events"] if e["type"] == "turn.delta"]
+        assert 2 <= len(pieces) < 20
+        assert "".join(pieces) == ended["output"]
+        assert ended["events"][-1]["data"]["outputChars"] == len(ended["output"])
+        await client.close()
+    finally:
+        stop_process(new)
