@@ -71,33 +71,78 @@ class Holder:
         return self.turn_id if self.kind in kinds else None
 
 
-# The keys an imported session's record holds, rebuilt from it in the order
-# migration 0012 filled the table: a resolution's key before its RETRY's turn.
-_REBUILD = Statement(
-    f"""
-    INSERT INTO session_keys (session_id, idempotency_key, kind, turn_id)
-    SELECT session_id, idempotency_key, {literal(KeyKind.RESOLUTION)}, turn_id
+# The keys a session's record implies, each with its rank: where two rows
+# name one key, the lower rank holds it, as migration 0012 filled the table
+# (a resolution's key before its RETRY's turn, which was admitted under it).
+_DERIVED = f"""
+    SELECT 1 AS rank, idempotency_key, {literal(KeyKind.RESOLUTION)} AS kind, turn_id
     FROM resolutions WHERE session_id = :session_id
     UNION ALL
-    SELECT session_id, idempotency_key, {TURN}, id FROM turns WHERE session_id = :session_id
+    SELECT 2, idempotency_key, {TURN}, id FROM turns WHERE session_id = :session_id
     UNION ALL
-    SELECT session_id, idempotency_key, {TURN}, turn_id
-    FROM key_tombstones WHERE session_id = :session_id
+    SELECT 3, idempotency_key, {TURN}, turn_id FROM key_tombstones WHERE session_id = :session_id
     UNION ALL
-    SELECT session_id, cancel_key, {literal(KeyKind.CANCEL)}, id FROM turns
+    SELECT 4, cancel_key, {literal(KeyKind.CANCEL)}, id FROM turns
     WHERE session_id = :session_id AND cancel_key IS NOT NULL
     UNION ALL
-    SELECT session_id, data ->> 'idempotencyKey', {literal(KeyKind.DECISION)}, turn_id
+    SELECT 5, data ->> 'idempotencyKey', {literal(KeyKind.DECISION)}, turn_id
     FROM events
     WHERE session_id = :session_id
       AND type IN ({literals((EventType.TOOL_APPROVED, EventType.TOOL_REJECTED))})
       AND turn_id IS NOT NULL AND data ->> 'idempotencyKey' IS NOT NULL
+"""
+
+_REBUILD = Statement(
+    f"""
+    INSERT INTO session_keys (session_id, idempotency_key, kind, turn_id)
+    SELECT :session_id, idempotency_key, kind, turn_id FROM ({_DERIVED}) d
+    ORDER BY rank
     ON CONFLICT DO NOTHING
+    """
+)
+
+# How a session's keys differ from what its record implies: a key the
+# record implies that is not held as it implies, and a key held that the
+# record does not imply. Only a pruned turn's cancel and decisions may be
+# held without a trace in the record: the tombstone keeps its turn id, the
+# rest of the turn is gone.
+_DISAGREEMENT = Statement(
+    f"""
+    WITH derived AS (
+        SELECT DISTINCT ON (idempotency_key) idempotency_key, kind, turn_id
+        FROM ({_DERIVED}) d ORDER BY idempotency_key, rank
+    ), held AS (
+        SELECT idempotency_key, kind, turn_id FROM session_keys WHERE session_id = :session_id
+    )
+    SELECT
+      (SELECT d.idempotency_key FROM derived d
+       LEFT JOIN held h ON h.idempotency_key = d.idempotency_key
+       WHERE h.kind IS DISTINCT FROM d.kind OR h.turn_id IS DISTINCT FROM d.turn_id
+       ORDER BY d.idempotency_key LIMIT 1) AS unheld,
+      (SELECT h.idempotency_key FROM held h
+       WHERE NOT EXISTS (SELECT 1 FROM derived d WHERE d.idempotency_key = h.idempotency_key)
+         AND NOT (h.kind IN ({literals((KeyKind.CANCEL, KeyKind.DECISION))})
+                  AND h.turn_id IN (SELECT turn_id FROM key_tombstones
+                                    WHERE session_id = :session_id))
+       ORDER BY h.idempotency_key LIMIT 1) AS stray
     """
 )
 
 
 async def rebuild(conn: Conn, *, session_id: uuid.UUID) -> None:
-    """Fill a session's keys from its record (an import writes the record
-    row by row, not through the writes that take keys)."""
+    """Fill a session's keys from its record (an import of a file that does
+    not carry them writes the record row by row, not through the writes
+    that take keys)."""
     await _REBUILD.execute(conn, session_id=session_id)
+
+
+async def disagreement(conn: Conn, *, session_id: uuid.UUID) -> str | None:
+    """How the session's keys disagree with its record, or None: what an
+    import that carries the keys checks before it commits."""
+    row = await _DISAGREEMENT.fetchrow(conn, session_id=session_id)
+    assert row is not None  # a SELECT of scalar subqueries has its one row
+    if row["unheld"] is not None:
+        return f"the record implies key {row['unheld']!r}, which its keys do not hold as it does"
+    if row["stray"] is not None:
+        return f"key {row['stray']!r} names nothing in the record"
+    return None

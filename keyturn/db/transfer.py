@@ -3,12 +3,16 @@
 
 A session travels as its rows: the session, its turns (keys and
 fingerprints included), its events (the tool ledger is events), its
-resolutions and the keys of its pruned turns. Values are encoded for JSON by
-their column's type, as declared in :mod:`keyturn.db.tables`, and decoded the
-same way, so a file holds exactly the columns of each table and nothing else.
+resolutions, the tombstones of its pruned turns, and its keys
+(``session_keys``: the one namespace of every key its requests took, which
+alone still holds the keys that cancelled or decided a pruned turn).
+Values are encoded for JSON by their column's type, as declared in
+:mod:`keyturn.db.tables`, and decoded the same way, so a file holds exactly
+the columns of each table and nothing else.
 
-Export reads one snapshot (REPEATABLE READ, read only) through server-side
-cursors; import writes in batches inside the caller's one transaction.
+Export reads one snapshot (REPEATABLE READ, read only) of one session or of
+every session of a tenant, through server-side cursors; import writes in
+batches inside the caller's one transaction.
 An event's ``id`` is the only value not carried: it numbers events across
 all sessions of one database, so the importing database numbers them anew;
 within its session an event is its ``seq``, which is kept.
@@ -32,7 +36,7 @@ from sqlmodel import SQLModel
 from keyturn.db.engine import Conn
 from keyturn.db.failures import DRIVER_ERRORS
 from keyturn.db.sql import Statement, literal
-from keyturn.db.tables import Event, KeyTombstone, Resolution, Session, Turn
+from keyturn.db.tables import Event, KeyTombstone, Resolution, Session, SessionKey, Turn
 from keyturn.domain import TurnStatus
 from keyturn.errors import TransferRefused
 
@@ -42,7 +46,9 @@ Record = dict[str, Any]
 @dataclass(frozen=True, slots=True)
 class Part:
     """One table's share of a session: its name in the file, its columns as
-    carried, the column that names a row within the session, and its order."""
+    carried, the column that names a row within the session, and its order.
+    A column is its field in the file, but for one named like a field every
+    line has (``kind``), which is carried under another name."""
 
     kind: str
     table: type[SQLModel]
@@ -50,10 +56,18 @@ class Part:
     key: str
     session_column: str
     order: str
+    renamed: tuple[tuple[str, str], ...] = ()  # (column, its field in the file)
 
     @property
     def name(self) -> str:
         return str(self.table.__tablename__)
+
+    def field(self, column: str) -> str:
+        return dict(self.renamed).get(column, column)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(self.field(c) for c in self.columns)
 
     def column_types(self) -> dict[str, Any]:
         cols = self.table.__table__.columns  # type: ignore[attr-defined]
@@ -74,7 +88,8 @@ def _part(
         for c in table.__table__.columns  # type: ignore[attr-defined]
         if c.name not in leave_out
     )
-    return Part(kind, table, names, key, session_column, order)
+    renamed = (("kind", f"{kind}_kind"),) if "kind" in names else ()
+    return Part(kind, table, names, key, session_column, order, renamed)
 
 
 SESSION = _part("session", Session, key="id", order="id", session_column="id")
@@ -84,7 +99,16 @@ PARTS = (
     _part("event", Event, key="seq", order="seq", leave_out=("id",)),
     _part("resolution", Resolution, key="id", order="created_at, id"),
     _part("tombstone", KeyTombstone, key="idempotency_key", order="idempotency_key"),
+    _part("key", SessionKey, key="idempotency_key", order="idempotency_key"),
 )
+# The file format version that first carried each part; an older file's
+# session lacks it (its keys are rebuilt from its record instead).
+_CARRIED_SINCE = {"key": 2}
+
+
+def parts(version: int) -> tuple[Part, ...]:
+    """The parts a file of ``version`` carries, in the file's order."""
+    return tuple(p for p in PARTS if _CARRIED_SINCE.get(p.kind, 1) <= version)
 
 
 # Fields a file of the same version may lack, written before their columns
@@ -107,14 +131,15 @@ def encode(part: Part, row: Any) -> Record:
     out: Record = {}
     for name, kind in part.column_types().items():
         value = row[name]
+        field = part.field(name)
         if value is None:
-            out[name] = None
+            out[field] = None
         elif isinstance(kind, Uuid):
-            out[name] = str(value)
+            out[field] = str(value)
         elif isinstance(kind, DateTime):
-            out[name] = value.astimezone(UTC).isoformat()
+            out[field] = value.astimezone(UTC).isoformat()
         else:
-            out[name] = value
+            out[field] = value
     return out
 
 
@@ -125,24 +150,24 @@ def decode(part: Part, raw: Any) -> Record:
         raise TransferRefused(f"a {part.kind} must be a JSON object")
     raw = {**_ADDED_SINCE.get(part.kind, {}), **raw}
     given = set(raw) - {"kind"}
-    expected = set(part.columns)
+    expected = set(part.fields)
     if given != expected:
         odd = sorted(given - expected) or sorted(expected - given)
         raise TransferRefused(
-            f"a {part.kind} has exactly the fields {', '.join(part.columns)} "
-            f"(not so for {odd[0]!r})"
+            f"a {part.kind} has exactly the fields {', '.join(part.fields)} (not so for {odd[0]!r})"
         )
     out: Record = {}
     for name, kind in part.column_types().items():
-        out[name] = _value(part, name, kind, raw[name])
+        out[name] = _value(part, name, kind, raw[part.field(name)])
     return out
 
 
 def _value(part: Part, name: str, kind: Any, value: Any) -> Any:
     column = part.table.__table__.columns[name]  # type: ignore[attr-defined]
+    field = part.field(name)
     if value is None:
         if not column.nullable:
-            raise TransferRefused(f"{part.kind} field {name!r} must not be null")
+            raise TransferRefused(f"{part.kind} field {field!r} must not be null")
         return None
     try:
         if isinstance(kind, Uuid):
@@ -166,7 +191,7 @@ def _value(part: Part, name: str, kind: Any, value: Any) -> Any:
             return value
         return _text(value)
     except ValueError as error:
-        raise TransferRefused(f"{part.kind} field {name!r} is not valid ({error})") from None
+        raise TransferRefused(f"{part.kind} field {field!r} is not valid ({error})") from None
 
 
 def _text(value: Any) -> str:
@@ -185,17 +210,39 @@ def canonical(part: Part, record: Record) -> Record:
 
 # -- export -----------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Snapshot:
-    session: Record  # encoded
-    counts: dict[str, int]  # rows per part kind
-    running_turn_id: uuid.UUID | None
+class Scope:
+    """What an export takes, as one snapshot sees it."""
+
+    sessions: int
+    counts: dict[str, int]  # rows per part kind, over all its sessions
+    running: tuple[uuid.UUID, uuid.UUID] | None  # (session, turn) of a RUNNING turn
 
 
-_SESSION_ROW = Statement(
-    f"SELECT {', '.join(SESSION.columns)} FROM sessions WHERE id = :id AND tenant = :tenant"
+# The sessions of ``:tenant``, or its one session ``:session_id`` when that is
+# not NULL, oldest first (along ix_sessions_tenant_created).
+_IN_SCOPE = """
+    SELECT s.id FROM sessions s
+    WHERE s.tenant = :tenant
+      AND (CAST(:session_id AS uuid) IS NULL OR s.id = CAST(:session_id AS uuid))"""
+_SESSIONS = Statement(
+    f"""
+    SELECT {", ".join(f"s.{c}" for c in SESSION.columns)} FROM sessions s
+    WHERE s.id IN ({_IN_SCOPE}) ORDER BY s.created_at, s.id
+    """
+)
+_SCOPE = Statement(
+    f"SELECT (SELECT count(*) FROM ({_IN_SCOPE}) x) AS sessions, "
+    + ", ".join(
+        f"(SELECT count(*) FROM {p.name} WHERE {p.session_column} IN ({_IN_SCOPE})) AS {p.kind}"
+        for p in PARTS
+    )
 )
 _RUNNING = Statement(
-    f"SELECT id FROM turns WHERE session_id = :id AND status = {literal(TurnStatus.RUNNING)}"
+    f"""
+    SELECT session_id, id FROM turns
+    WHERE session_id IN ({_IN_SCOPE}) AND status = {literal(TurnStatus.RUNNING)}
+    ORDER BY session_id LIMIT 1
+    """
 )
 _COUNTS = Statement(
     "SELECT "
@@ -219,18 +266,26 @@ async def one_snapshot(conn: Conn) -> AsyncIterator[None]:
         yield
 
 
-async def snapshot(conn: Conn, *, tenant: str, session_id: uuid.UUID) -> Snapshot | None:
-    """Inside :func:`one_snapshot`: the session, its counts, a running turn."""
-    row = await _SESSION_ROW.fetchrow(conn, id=session_id, tenant=tenant)
-    if row is None:
-        return None
-    counts = await _COUNTS.fetchrow(conn, id=session_id)
-    assert counts is not None  # a SELECT of scalar subqueries has its one row
-    return Snapshot(
-        session=encode(SESSION, row),
-        counts={p.kind: int(counts[p.kind]) for p in PARTS},
-        running_turn_id=await _RUNNING.fetchval(conn, id=session_id),
+async def scope(conn: Conn, *, tenant: str, session_id: uuid.UUID | None) -> Scope:
+    """Inside :func:`one_snapshot`: how many sessions and rows an export of
+    the tenant (or of its one session) takes, and a turn that runs."""
+    row = await _SCOPE.fetchrow(conn, tenant=tenant, session_id=session_id)
+    assert row is not None  # a SELECT of scalar subqueries has its one row
+    running = await _RUNNING.fetchrow(conn, tenant=tenant, session_id=session_id)
+    return Scope(
+        sessions=int(row["sessions"]),
+        counts={p.kind: int(row[p.kind]) for p in PARTS},
+        running=(running["session_id"], running["id"]) if running is not None else None,
     )
+
+
+async def sessions(
+    conn: Conn, *, tenant: str, session_id: uuid.UUID | None
+) -> AsyncIterator[Record]:
+    """Inside :func:`one_snapshot`: the sessions of :func:`scope`, encoded,
+    oldest first, through a server-side cursor."""
+    async for row in _SESSIONS.cursor(conn, tenant=tenant, session_id=session_id):
+        yield encode(SESSION, row)
 
 
 async def rows(conn: Conn, part: Part, *, session_id: uuid.UUID) -> AsyncIterator[Record]:
@@ -331,7 +386,7 @@ async def differing(
         theirs = here.get(str(record[part.key]))
         if theirs is None:
             return f"{part.kind} {record[part.key]} is not in the session here"
-        for name in part.columns:
+        for name in part.fields:
             if mine[name] != theirs[name]:
                 return f"{part.kind} {record[part.key]} differs here ({name})"
     return None
@@ -350,10 +405,13 @@ async def insert_session(conn: Conn, record: Record) -> None:
         raise
 
 
-async def counts(conn: Conn, *, session_id: uuid.UUID) -> dict[str, int]:
+async def counts(
+    conn: Conn, *, session_id: uuid.UUID, of: Sequence[Part] = PARTS
+) -> dict[str, int]:
+    """The session's rows here, per part of ``of``."""
     row = await _COUNTS.fetchrow(conn, id=session_id)
     assert row is not None
-    return {p.kind: int(row[p.kind]) for p in PARTS}
+    return {p.kind: int(row[p.kind]) for p in of}
 
 
 async def check_imported(conn: Conn, *, session_id: uuid.UUID, event_seq: int) -> str | None:

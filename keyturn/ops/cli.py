@@ -392,19 +392,29 @@ def _span(span: RetentionSpan, verb: str) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write one session's record as JSON Lines (stdout, or --out FILE)."""
+    """Write one session's record, or every session's of a tenant, as JSON
+    Lines (stdout, or --out FILE)."""
     import uuid
 
     from keyturn.errors import TransferRefused
-    from keyturn.ops.transfer import Progress, export_session
+    from keyturn.ops.transfer import Progress, export
 
-    try:
-        session_id = uuid.UUID(args.session)
-    except ValueError:
-        raise Refusal(f"--session {args.session!r} is not a session id (a UUID)") from None
+    session_id: uuid.UUID | None = None
+    if args.session is not None:
+        try:
+            session_id = uuid.UUID(args.session)
+        except ValueError:
+            raise Refusal(f"--session {args.session!r} is not a session id (a UUID)") from None
+    elif args.tenant is None:
+        raise Refusal(
+            "name what to export: --session ID, or --tenant NAME for every session of a "
+            "tenant (--tenant '' is the open server's)"
+        )
+    tenant = args.tenant if args.tenant is not None else ""
+    what = f"session {session_id}" if session_id is not None else f"tenant {tenant!r}"
     url, where = _database_url(_settings())
     _require_current(url, where)
-    progress = Progress(sys.stderr, f"exporting session {session_id}")
+    progress = Progress(sys.stderr, f"exporting {what}")
     # A file is written beside its name and renamed once whole, so that an
     # export that fails leaves no file that looks like one.
     partial = args.out.with_name(args.out.name + ".partial") if args.out else None
@@ -413,30 +423,32 @@ def cmd_export(args: argparse.Namespace) -> int:
             done = _on_database(
                 url,
                 where,
-                lambda e: export_session(
-                    e, tenant=args.tenant, session_id=session_id, out=out, progress=progress
+                lambda e: export(
+                    e, tenant=tenant, session_id=session_id, out=out, progress=progress
                 ),
             )
     except TransferRefused as error:
+        progress.stop()
         if partial is not None:
             partial.unlink(missing_ok=True)
         raise Refusal(f"export refused: {error}") from None
     if partial is not None:
         partial.replace(args.out)
     sys.stdout.flush()
+    counts = done.sessions[0].describe() if session_id is not None else done.describe()
     print(
-        f"exported session {done.session_id}: {done.describe()}"
-        + (f" to {args.out}" if args.out else ""),
+        f"exported {what}: {counts}" + (f" to {args.out}" if args.out else ""),
         file=sys.stderr,
     )
     return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    """Load an exported session into this database, in one transaction."""
+    """Load an export (one session or several) into this database, in one
+    transaction."""
     from keyturn.db.migrate import upgrade
     from keyturn.errors import TransferRefused
-    from keyturn.ops.transfer import Progress, import_session
+    from keyturn.ops.transfer import Progress, import_file
 
     url, where = _database_url(_settings())
     _on_database(url, where, upgrade)
@@ -446,16 +458,24 @@ def cmd_import(args: argparse.Namespace) -> int:
             done = _on_database(
                 url,
                 where,
-                lambda e: import_session(e, lines=lines, tenant=args.tenant, progress=progress),
+                lambda e: import_file(e, lines=lines, tenant=args.tenant, progress=progress),
             )
     except OSError as error:
         raise Refusal(f"cannot read {args.file}: {error.strerror or error}") from None
     except TransferRefused as error:
+        progress.stop()
         raise Refusal(f"import refused, nothing was written: {error}") from None
-    if done.already_present:
-        print(f"session {done.session_id} already present ({where}): nothing written")
-    else:
-        print(f"imported session {done.session_id} ({where}): {done.describe()}")
+    for one in done.sessions:
+        if one.already_present:
+            print(f"session {one.session_id} already present ({where}): nothing written")
+        else:
+            print(f"imported session {one.session_id} ({where}): {one.describe()}")
+    if len(done.sessions) > 1:
+        present = sum(one.already_present for one in done.sessions)
+        print(
+            f"{len(done.sessions)} sessions ({where}): {len(done.sessions) - present} imported, "
+            f"{present} already present"
+        )
     return 0
 
 
@@ -539,19 +559,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prune.set_defaults(fn=cmd_prune)
 
-    export = sub.add_parser("export", help="write a session's record as JSON Lines")
-    export.add_argument("--session", required=True, help="the session's id")
-    export.add_argument(
-        "--tenant", default="", help="the session's tenant (default: the open server's, empty)"
+    export = sub.add_parser(
+        "export",
+        help="write a session's record, or every session of a tenant, as JSON Lines",
+        description="Write the record of one session (--session), or of every session of "
+        "a tenant (--tenant alone), as JSON Lines for `keyturn import`: one snapshot, "
+        "streamed, with a progress line on a terminal. Refused, with nothing written, "
+        "while one of them has a RUNNING turn.",
     )
-    export.add_argument("--out", type=Path, default=None, help="a file (default: stdout)")
+    export.add_argument(
+        "--session",
+        default=None,
+        metavar="ID",
+        help="the session's id (without it: every session of --tenant)",
+    )
+    export.add_argument(
+        "--tenant",
+        default=None,
+        metavar="NAME",
+        help="the tenant (as `keyturn token list` shows it; '' is the open server's, the "
+        "default with --session); alone, export all of its sessions",
+    )
+    export.add_argument(
+        "--out", type=Path, default=None, metavar="FILE", help="a file (default: stdout)"
+    )
     export.set_defaults(fn=cmd_export)
     load = sub.add_parser(
-        "import", help="load an exported session into this database (all or nothing)"
+        "import",
+        help="load an export (one session or a tenant's) into this database (all or nothing)",
     )
     load.add_argument("file", type=Path, help="a file written by `keyturn export`")
     load.add_argument(
-        "--tenant", default=None, help="the tenant to give the session (default: the file's)"
+        "--tenant", default=None, help="the tenant to give its sessions (default: each one's own)"
     )
     load.set_defaults(fn=cmd_import)
 

@@ -1,7 +1,8 @@
 """The export file's rows, without a database: a row is encoded by its
 columns' types and decoded back to the same values; anything that is not
-exactly a row of its table is refused naming the field; the progress line
-appears on a terminal only."""
+exactly a row of its table is refused naming the field; a file of version 1
+carries every part but the keys; the progress line appears on a terminal
+only."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import pytest
 
 from keyturn.db import transfer
 from keyturn.errors import TransferRefused
-from keyturn.ops.transfer import Progress
+from keyturn.ops.transfer import Moved, Progress, Transferred
 
 TURN = next(p for p in transfer.PARTS if p.kind == "turn")
 EVENT = next(p for p in transfer.PARTS if p.kind == "event")
+KEY = next(p for p in transfer.PARTS if p.kind == "key")
 
 
 def a_turn() -> dict[str, object]:
@@ -98,6 +100,33 @@ def test_a_missing_field_is_refused_and_an_event_carries_no_id() -> None:
     assert "id" not in EVENT.columns and "seq" in EVENT.columns
 
 
+def test_a_keys_kind_travels_beside_the_lines_kind() -> None:
+    row = {
+        "session_id": uuid.uuid4(),
+        "idempotency_key": "stop it",
+        "kind": "CANCEL",
+        "turn_id": uuid.uuid4(),
+    }
+    encoded = transfer.encode(KEY, row)
+    assert encoded["key_kind"] == "CANCEL" and "kind" not in encoded
+    line = {"kind": "key", **encoded}
+    assert transfer.decode(KEY, line) == row
+    with pytest.raises(TransferRefused, match="'key_kind'"):
+        transfer.decode(KEY, {**line, "key_kind": None})
+
+
+def test_a_file_of_version_1_carries_every_part_but_the_keys() -> None:
+    assert [p.kind for p in transfer.parts(1)] == ["turn", "event", "resolution", "tombstone"]
+    assert transfer.parts(2) == transfer.PARTS and transfer.PARTS[-1] is KEY
+
+
+def test_a_files_sessions_are_summed_per_part() -> None:
+    one = Transferred(uuid.uuid4(), {"turn": 1, "event": 3, "key": 1})
+    two = Transferred(uuid.uuid4(), {"turn": 2, "event": 5, "key": 2}, already_present=True)
+    assert Moved([one, two]).describe() == "2 sessions, 3 turns, 8 events, 3 keys"
+    assert one.describe() == "1 turn, 3 events, 1 key"
+
+
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -112,3 +141,13 @@ def test_the_progress_line_is_drawn_on_a_terminal_only() -> None:
         progress.finish()
     assert terminal.getvalue().endswith("\rexporting: 3/3 lines\n")
     assert pipe.getvalue() == ""
+
+
+def test_a_line_given_up_is_ended_before_the_reason() -> None:
+    drawn, quiet = Terminal(), Terminal()
+    progress = Progress(drawn, "importing", every_s=0)
+    progress.advance(2)
+    progress.stop()
+    Progress(quiet, "importing").stop()  # nothing drawn yet: nothing to end
+    assert drawn.getvalue() == "\rimporting: 2 lines\n"
+    assert quiet.getvalue() == ""
