@@ -115,7 +115,7 @@ class KeyHolder:
 
     decision: dict[str, Any] | None  # {"turnId", "type", "data"} of a decision event
     turn_id: uuid.UUID | None  # a submitted turn's key
-    decided_turn: uuid.UUID | None  # a resolution's or a cancel's key: the turn it decided
+    decided_turn: uuid.UUID | None  # a resolution's, cancel's or pruned decision's key: its turn
 
     @property
     def held(self) -> bool:
@@ -182,7 +182,10 @@ async def lookup(
     return turn_from(row), KeyHolder(
         decision=orjson.loads(by_key) if isinstance(by_key, str) else by_key,
         turn_id=holder.turn_if(KeyKind.TURN),
-        decided_turn=holder.turn_if(KeyKind.RESOLUTION, KeyKind.CANCEL),
+        # A decision's key whose event retention blanked still holds the key
+        # (its row in session_keys names the pruned turn): a conflict, not a
+        # fresh decision that then loses on the key's primary key.
+        decided_turn=holder.turn_if(KeyKind.RESOLUTION, KeyKind.CANCEL, KeyKind.DECISION),
     )
 
 
