@@ -31,10 +31,10 @@ test: install
 # against a second PostgreSQL major version; the slower process-level
 # acceptance tests run once, in `make test`). Left out here, as they run the
 # same statements as the files kept and test what no PostgreSQL version
-# changes: the HTTP front door and its limits, the supervisor, and the model
-# and MCP adapters.
+# changes: the HTTP front door and its limits, the supervisor, the model and
+# MCP adapters, and the list completion compared with graphql-core's.
 DB_VERSION_FREE := http_spec variables auth query_limits fairness hostile \
-	supervision openai_model mcp_tools experiment_mcp_store
+	supervision openai_model mcp_tools experiment_mcp_store fast_lists_differential
 test-db: install
 	$(VENV)/bin/pytest tests/integration tests/migration \
 		$(foreach f,$(DB_VERSION_FREE),--ignore=tests/integration/test_$(f).py)
