@@ -409,6 +409,20 @@ async def test_a_server_that_keeps_answering_500_fails_the_turn_after_the_retrie
     assert len(model_server.requests) == 3  # the first try and the SDK's two retries
 
 
+async def test_a_server_that_keeps_answering_429_fails_the_turn_after_the_retries(
+    database_url: str, model_server: ModelServer
+) -> None:
+    model_server.respond = lambda _body: Reply(status=429, error="rate limit reached")
+    async with keyturn(database_url, openai_settings(model_server)) as kt:
+        sid = await kt.client.create_session()
+        t = await kt.run(sid, "k1", "hi")
+    assert failed_error(t) == "the model server answered 429: rate limit reached"
+    # The first try and the SDK's two retries (its default, which the adapter keeps).
+    assert len(model_server.requests) == 3
+    assert t["output"] is None
+    assert "turn.delta" not in types(t)
+
+
 async def test_a_server_that_does_not_answer_in_time_fails_the_turn(
     database_url: str, model_server: ModelServer
 ) -> None:
@@ -487,6 +501,40 @@ async def test_the_api_key_reaches_the_server_and_no_output_of_keyturn(
     for name, output in outputs.items():
         assert FAKE_KEY not in output, name
         assert FAKE_KEY[6:] not in output, name
+
+
+async def test_the_api_key_falls_back_to_openai_api_key(
+    database_url: str,
+    model_server: ModelServer,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    fallback = "sk-openai-fallback-4d8e2b6a9c1f"
+    # Set as a user would: only the variable other OpenAI clients read.
+    monkeypatch.delenv("KEYTURN_OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", fallback)
+    monkeypatch.setenv("KEYTURN_MODEL", "openai")
+    monkeypatch.setenv("KEYTURN_OPENAI_BASE_URL", model_server.base_url)
+    monkeypatch.setenv("KEYTURN_OPENAI_MODEL", "test-model")
+    model_server.script(text("fine"))
+    model_server.respond = lambda _body: Reply(status=500, error=f"no quota for key {fallback}")
+    async with keyturn(database_url, fast_settings()) as kt:
+        sid = await kt.client.create_session()
+        ok = await kt.run(sid, "k1", "hi")
+        broken = await kt.run(sid, "k2", "again")
+        session = await kt.client.session(sid)
+    assert ok["status"] == "COMPLETED" and ok["output"] == "fine"
+    assert failed_error(broken) == "the model server answered 500: no quota for key [redacted]"
+    assert {h["authorization"] for h in model_server.headers} == {f"Bearer {fallback}"}
+    outputs = {
+        "logs": caplog.text,
+        "turns": json.dumps([ok, broken]),
+        "events": json.dumps(session),
+    }
+    for name, output in outputs.items():
+        assert fallback not in output, name
+        assert fallback[10:] not in output, name
 
 
 def doctor_env(model_server: ModelServer, model: str = "test-model") -> dict[str, str]:

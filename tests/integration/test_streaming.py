@@ -8,7 +8,7 @@ import datetime
 import itertools
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -26,6 +26,8 @@ from keyturn.runtime.model import Emit, PastTurn, Round, ToolRequest, ToolSpec
 from keyturn.runtime.output import Delta, DeltaRecorder
 from keyturn.runtime.validation import TurnRequest
 from keyturn.runtime.worker import Worker, WorkerSettings
+from tests.integration.test_cancel import cancel
+from tests.integration.test_tool_ledger import take_over
 from tests.support import (
     GraphQLClient,
     InProcessServer,
@@ -379,3 +381,63 @@ async def test_turn_events_refuses_a_negative_after_seq(
                 async for _ in ws.subscribe(request(TURN_EVENTS, t=turn["id"], a=-1)):
                     pass
     assert "afterSeq must not be negative" in str(caught.value)
+
+
+async def stop_by_cancelling(client: GraphQLClient, db: Any, turn_id: str) -> None:
+    answer = await cancel(client, turn_id, "stop", reason="enough")
+    assert answer["__typename"] == "TurnCancellation", answer
+
+
+async def stop_by_taking_over(client: GraphQLClient, db: Any, turn_id: str) -> None:
+    # Its process's renewal is refused from now on and its lease is past: the
+    # sweep interrupts it.
+    await take_over(db, turn_id)
+
+
+@pytest.mark.parametrize(
+    ("stop", "terminal"),
+    [(stop_by_cancelling, "turn.cancelled"), (stop_by_taking_over, "turn.interrupted")],
+    ids=["cancelled", "interrupted"],
+)
+async def test_turn_events_ends_after_a_turn_stopped_mid_stream(
+    streaming: InProcessServer,
+    db: Any,
+    stop: Callable[[GraphQLClient, Any, str], Awaitable[None]],
+    terminal: str,
+) -> None:
+    client = GraphQLClient(streaming.url)
+    sid = await client.create_session()
+    turn = (await client.submit(sid, "k", "/stream 20 200"))["turn"]
+    got: list[Any] = []
+    streaming_now = asyncio.Event()
+
+    async def listen() -> None:
+        async with ws_session(streaming.ws_url) as ws:
+            async for r in ws.subscribe(request(TURN_EVENTS, t=turn["id"], a=0)):
+                got.append(r["turnEvents"])
+                if sum(e["type"] == "turn.delta" for e in got) == 3:
+                    streaming_now.set()
+
+    listening = asyncio.create_task(listen())
+    try:
+        await asyncio.wait_for(streaming_now.wait(), 30)
+        await stop(client, db, turn["id"])
+        # The stream ends by itself; a hang fails here, not the whole run.
+        await asyncio.wait_for(listening, 30)
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
+        await client.close()
+    events = await record(db, turn["id"])
+    [end] = [n for n, e in enumerate(events) if e["type"] == terminal]
+    # What the record holds up to the end, each event once and in order
+    # (anything recorded after it, such as a late write refused, is not
+    # part of the stream).
+    assert [(e["seq"], e["type"], e["data"]) for e in got] == [
+        (e["seq"], e["type"], e["data"]) for e in events[: end + 1]
+    ]
+    assert [e["seq"] for e in got] == sorted({e["seq"] for e in got})
+    assert got[-1]["type"] == terminal
+    assert {e["turnId"] for e in got} == {turn["id"]}
+    # Stopped mid-stream: some of the twenty pieces were recorded, not all.
+    assert 3 <= len(texts(got)) < 20
