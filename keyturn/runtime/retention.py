@@ -104,7 +104,7 @@ class RetentionPolicy:
 
 @dataclass
 class PassReport:
-    """What one pass of the sweeper did."""
+    """What one pass of the sweeper did (so far, while it runs)."""
 
     turns: int = 0
     events: int = 0
@@ -115,13 +115,45 @@ class PassReport:
     seconds: float = 0.0
     left_busy: bool = False  # rows left for the next pass: their sessions stayed busy
 
-    def line(self) -> str:
+    def line(self, *, so_far: bool = False) -> str:
         left = "; some rows left for the next pass (sessions busy)" if self.left_busy else ""
+        head = "retention pass in progress" if so_far else "retention pass"
+        tail = " so far" if so_far else ""
         return (
-            f"retention pass: pruned {self.turns} turns ({self.events} events blanked, "
+            f"{head}: pruned {self.turns} turns ({self.events} events blanked, "
             f"{self.tombstones_made} tombstones made), forgot {self.tombstones_forgotten} "
-            f"tombstones, {self.batches} batches in {self.seconds:.2f}s{left}"
+            f"tombstones, {self.batches} batches in {self.seconds:.2f}s{tail}{left}"
         )
+
+    def fields(self, *, done: bool) -> dict[str, object]:
+        """The line's figures as structured fields (``extra=``), for a log
+        collector to read without parsing the message."""
+        return {
+            "pass_done": done,
+            "pruned_turns": self.turns,
+            "tombstones_made": self.tombstones_made,
+            "blanked_events": self.events,
+            "forgotten_tombstones": self.tombstones_forgotten,
+            "batches": self.batches,
+            "busy_batches": self.busy,
+            "elapsed_s": round(self.seconds, 3),
+            "left_busy": self.left_busy,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """What one batch saw and removed."""
+
+    candidates: int
+    turns: int = 0
+    events: int = 0
+    tombstones_made: int = 0
+    tombstones_forgotten: int = 0
+
+    @property
+    def removed(self) -> int:
+        return self.turns + self.tombstones_forgotten
 
 
 # Called after every batch with the pass so far (``keyturn prune``'s progress).
@@ -150,6 +182,10 @@ class Sweeper:
     # stays near a fifth, and admission keeps its throughput
     # (bench/retention.py). Still hundreds of turns a second.
     rest: float = 4.0
+    # A long pass (a backlog) logs a progress line at most this often, so an
+    # operator sees it move without a line per batch; a short pass logs only
+    # its final line.
+    progress_every_s: float = 5.0
 
     async def run_forever(self) -> None:
         """A pass every ``interval_s`` (supervised): a database that does not
@@ -163,85 +199,70 @@ class Sweeper:
 
     async def run_pass(self, on_batch: OnBatch = None) -> PassReport:
         """Prune what the policy lets go, batch by batch, until nothing is
-        left (or what is left sits in sessions that stay busy). Logs one line."""
-        report = PassReport()
-        started = time.perf_counter()
+        left (or what is left sits in sessions that stay busy). Counts each
+        batch as it commits, logs a progress line at most every
+        ``progress_every_s`` while it runs, and one line at its end."""
+        progress = _Progress(self, PassReport(), time.perf_counter(), on_batch)
         if self.policy.prunes:
-            await self._turns(report, on_batch)
+            await self._turns(progress)
             if self.policy.tombstone_s is not None:
-                await self._tombstones(report, on_batch)
-        report.seconds = time.perf_counter() - started
-        self.stats.retention_pass(
-            turns=report.turns, events=report.events, tombstones=report.tombstones_forgotten
-        )
-        log.info(
-            report.line(),
-            extra={
-                "pruned_turns": report.turns,
-                "blanked_events": report.events,
-                "forgotten_tombstones": report.tombstones_forgotten,
-                "batches": report.batches,
-            },
-        )
+                await self._tombstones(progress)
+        report = progress.report
+        report.seconds = time.perf_counter() - progress.started
+        self.stats.retention_pass()
+        log.info(report.line(), extra=report.fields(done=True))
         return report
 
-    async def _turns(self, report: PassReport, on_batch: OnBatch) -> None:
+    async def _turns(self, progress: _Progress) -> None:
         turn_s, key_s = self.policy.turn_s, self.policy.key_s
         assert turn_s is not None and key_s is not None
 
-        async def batch(conn: Conn) -> tuple[int, int]:
+        async def batch(conn: Conn) -> _Batch:
             done = await db.prune_turns(
                 conn, turn_retention_s=turn_s, key_retention_s=key_s, batch=self.batch
             )
-            report.turns += done.turns
-            report.events += done.events
-            report.tombstones_made += done.tombstones
-            return done.candidates, done.turns
+            return _Batch(
+                done.candidates,
+                turns=done.turns,
+                events=done.events,
+                tombstones_made=done.tombstones,
+            )
 
-        await self._drain(batch, report, on_batch)
+        await self._drain(batch, progress)
 
-    async def _tombstones(self, report: PassReport, on_batch: OnBatch) -> None:
+    async def _tombstones(self, progress: _Progress) -> None:
         tombstone_s = self.policy.tombstone_s
         assert tombstone_s is not None
 
-        async def batch(conn: Conn) -> tuple[int, int]:
+        async def batch(conn: Conn) -> _Batch:
             done = await db.forget_tombstones(
                 conn, tombstone_retention_s=tombstone_s, batch=self.batch
             )
-            report.tombstones_forgotten += done.forgotten
-            return done.candidates, done.forgotten
+            return _Batch(done.candidates, tombstones_forgotten=done.forgotten)
 
-        await self._drain(batch, report, on_batch)
+        await self._drain(batch, progress)
 
-    async def _drain(
-        self,
-        batch: Callable[[Conn], Awaitable[tuple[int, int]]],
-        report: PassReport,
-        on_batch: OnBatch,
-    ) -> None:
-        """``batch`` (candidates seen, rows removed) on a fresh connection,
-        each its own transaction, until it finds no candidate."""
+    async def _drain(self, batch: Callable[[Conn], Awaitable[_Batch]], progress: _Progress) -> None:
+        """``batch`` on a fresh connection, each its own transaction, until it
+        finds no candidate."""
         busy = 0
         while True:
             started = time.perf_counter()
             async with connect(self.engine) as conn:
-                candidates, removed = await batch(conn)
+                done = await batch(conn)
             took = time.perf_counter() - started
-            report.batches += 1
-            if on_batch is not None:
-                on_batch(report)
-            if candidates == 0:
+            progress.batch_done(done)
+            if done.candidates == 0:
                 return
-            if removed:
+            if done.removed:
                 busy = 0
                 # Between batches the sessions just pruned are free again, and
                 # a cancel lands here rather than mid-statement.
                 await asyncio.sleep(took * self.rest)
                 continue
-            report.busy += 1
             busy += 1
             if busy >= _BUSY_TRIES:
-                report.left_busy = True
+                progress.report.left_busy = True
                 return
             await asyncio.sleep(_BUSY_WAIT_S)
 
@@ -258,3 +279,41 @@ class Sweeper:
                         conn, tombstone_retention_s=self.policy.tombstone_s
                     )
         return Preview(turns, events, stones)
+
+
+@dataclass
+class _Progress:
+    """A pass under way: its report so far, counted and logged batch by batch."""
+
+    sweeper: Sweeper
+    report: PassReport
+    started: float
+    on_batch: OnBatch
+    logged: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.logged = self.started
+
+    def batch_done(self, done: _Batch) -> None:
+        report = self.report
+        report.batches += 1
+        report.turns += done.turns
+        report.events += done.events
+        report.tombstones_made += done.tombstones_made
+        report.tombstones_forgotten += done.tombstones_forgotten
+        if done.candidates and not done.removed:
+            report.busy += 1
+        now = time.perf_counter()
+        report.seconds = now - self.started
+        if done.removed:
+            # Counted as the batch commits: a scrape during a long pass sees
+            # the counters move, and a pass cancelled midway has counted what
+            # it did.
+            self.sweeper.stats.retention_batch(
+                turns=done.turns, events=done.events, tombstones=done.tombstones_forgotten
+            )
+        if now - self.logged >= self.sweeper.progress_every_s:
+            self.logged = now
+            log.info(report.line(so_far=True), extra=report.fields(done=False))
+        if self.on_batch is not None:
+            self.on_batch(report)

@@ -16,9 +16,13 @@ class Stats(Protocol):
         """A submission was answered with ``outcome`` (an AdmissionOutcome
         value, or ``unavailable``) after ``seconds``."""
 
-    def retention_pass(self, *, turns: int, events: int, tombstones: int) -> None:
-        """A retention pass pruned ``turns`` (blanking ``events``) and forgot
-        ``tombstones``."""
+    def retention_batch(self, *, turns: int, events: int, tombstones: int) -> None:
+        """A batch of a retention pass committed: it pruned ``turns`` (blanking
+        ``events``) and forgot ``tombstones``. Reported per batch, while the
+        pass runs."""
+
+    def retention_pass(self) -> None:
+        """A retention pass ended (its batches were reported one by one)."""
 
 
 class NoStats:
@@ -27,5 +31,8 @@ class NoStats:
     def admitted(self, outcome: str, seconds: float) -> None:
         pass
 
-    def retention_pass(self, *, turns: int, events: int, tombstones: int) -> None:
+    def retention_batch(self, *, turns: int, events: int, tombstones: int) -> None:
+        pass
+
+    def retention_pass(self) -> None:
         pass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -14,8 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from keyturn.db.engine import create_engine
+from keyturn.http.metrics import PrometheusStats
 from keyturn.runtime.retention import PassReport, RetentionPolicy, Sweeper
 from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_in_process
 from tests.support.backlog import assert_backlog_pruned, seed_backlog
@@ -485,4 +488,153 @@ async def test_a_sweep_cancelled_between_batches_resumes_to_the_same_record(
 
         resumed = await sweep.run_pass()
         assert resumed.turns == 120 - partway[2]
+    await assert_backlog_pruned(db, turns=120, events=events_before)
+
+
+def _pruned_metric(what: str) -> float:
+    """keyturn_retention_pruned_total{what} as /metrics would show it now."""
+    return REGISTRY.get_sample_value("keyturn_retention_pruned_total", {"what": what}) or 0.0
+
+
+def _passes_metric() -> float:
+    return REGISTRY.get_sample_value("keyturn_retention_passes_total") or 0.0
+
+
+async def test_a_pass_over_a_backlog_logs_and_counts_its_progress_batch_by_batch(
+    database_url: str, db: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    await seed_backlog(db, sessions=4, turns_per_session=10, ended_ago=timedelta(days=3))
+    events_before = await db.fetchval("SELECT count(*) FROM events")
+    policy = RetentionPolicy(key_s=HOUR, turn_s=DAY, tombstone_s=DAY)
+    # The metrics the sweeper feeds are the ones `keyturn serve` publishes
+    # (the registry is this process's, so only what this pass adds is read).
+    base = {what: _pruned_metric(what) for what in ("turns", "events", "tombstones")}
+    passes_base = _passes_metric()
+    # Mid-pass scrapes, one after each batch: (the pass so far, the counters then).
+    scraped: list[tuple[int, int, float, float, float]] = []
+
+    def scrape(report: PassReport) -> None:
+        scraped.append(
+            (
+                report.turns,
+                report.events,
+                _pruned_metric("turns") - base["turns"],
+                _pruned_metric("events") - base["events"],
+                _passes_metric() - passes_base,
+            )
+        )
+
+    engine = create_engine(database_url, pool_size=2)
+    try:
+        # A progress line after every batch (in service, at most one per 5 s).
+        sweep = Sweeper(
+            engine=engine, policy=policy, batch=9, stats=PrometheusStats(), progress_every_s=0
+        )
+        with caplog.at_level(logging.INFO, logger="keyturn.runtime.retention"):
+            report = await sweep.run_pass(on_batch=scrape)
+    finally:
+        await engine.dispose()
+
+    assert (report.turns, report.tombstones_made, report.events) == (40, 40, events_before)
+    # 40 turns in batches of 9: five that prune, one that finds no turn left,
+    # and one that finds no tombstone old enough to forget.
+    assert report.batches == 7
+    # Each scrape during the pass saw the counters at what the pass had done
+    # so far: they moved batch by batch, not at the end.
+    assert [(t, e) for t, e, _, _, _ in scraped] == [(t, e) for _, _, t, e, _ in scraped]
+    assert [t for t, _, _, _, _ in scraped] == [9, 18, 27, 36, 40, 40, 40]
+    assert {p for _, _, _, _, p in scraped} == {0}  # the pass itself counts at its end
+    assert _pruned_metric("turns") - base["turns"] == 40
+    assert _pruned_metric("events") - base["events"] == events_before
+    assert _pruned_metric("tombstones") - base["tombstones"] == 0
+    assert _passes_metric() - passes_base == 1
+
+    records = [r for r in caplog.records if r.name == "keyturn.runtime.retention"]
+    progress = [r for r in records if not r.__dict__["pass_done"]]
+    final = [r for r in records if r.__dict__["pass_done"]]
+    assert [r.__dict__["batches"] for r in progress] == [1, 2, 3, 4, 5, 6, 7]
+    assert [r.__dict__["pruned_turns"] for r in progress] == [9, 18, 27, 36, 40, 40, 40]
+    assert all(r.levelno == logging.INFO for r in records)
+    assert progress[0].getMessage().startswith("retention pass in progress: pruned 9 turns")
+    assert len(final) == 1 and records[-1] is final[0]
+    line = final[0]
+    assert line.getMessage() == report.line()
+    assert line.getMessage().startswith(
+        f"retention pass: pruned 40 turns ({events_before} events blanked, "
+        "40 tombstones made), forgot 0 tombstones, 7 batches in "
+    )
+    fields = {
+        k: line.__dict__[k]
+        for k in (
+            "pruned_turns",
+            "tombstones_made",
+            "blanked_events",
+            "forgotten_tombstones",
+            "batches",
+            "busy_batches",
+            "left_busy",
+        )
+    }
+    assert fields == {
+        "pruned_turns": 40,
+        "tombstones_made": 40,
+        "blanked_events": events_before,
+        "forgotten_tombstones": 0,
+        "batches": 7,
+        "busy_batches": 0,
+        "left_busy": False,
+    }
+    assert line.__dict__["elapsed_s"] == round(report.seconds, 3)
+    await assert_backlog_pruned(db, turns=40, events=events_before)
+
+    # A day later the tombstones are forgotten, and counted as they go too.
+    await db.execute("UPDATE key_tombstones SET pruned_at = now() - interval '1 day 1 second'")
+    caplog.clear()
+    engine = create_engine(database_url, pool_size=2)
+    try:
+        sweep = Sweeper(engine=engine, policy=policy, batch=25, stats=PrometheusStats())
+        forgotten: list[tuple[int, float]] = []
+        with caplog.at_level(logging.INFO, logger="keyturn.runtime.retention"):
+            forgot = await sweep.run_pass(
+                on_batch=lambda r: forgotten.append(
+                    (r.tombstones_forgotten, _pruned_metric("tombstones") - base["tombstones"])
+                )
+            )
+    finally:
+        await engine.dispose()
+    assert forgot.tombstones_forgotten == 40
+    # One batch of turns (none left), then 25 + 15 tombstones and an empty batch.
+    assert forgotten == [(0, 0), (25, 25), (40, 40), (40, 40)]
+    last = [r for r in caplog.records if r.name == "keyturn.runtime.retention"][-1]
+    assert last.__dict__["pass_done"] and last.__dict__["forgotten_tombstones"] == 40
+    assert await db.fetchval("SELECT count(*) FROM key_tombstones") == 0
+
+
+async def test_two_sweepers_on_one_database_share_a_backlog_without_a_double_prune(
+    database_url: str, db: Any
+) -> None:
+    """As every process runs a sweeper: two passes at once over one backlog,
+    each on its own engine, in small batches that meet each other's locks."""
+    await seed_backlog(db, sessions=8, turns_per_session=15, ended_ago=timedelta(days=3))
+    events_before = await db.fetchval("SELECT count(*) FROM events")
+    policy = RetentionPolicy(key_s=HOUR, turn_s=DAY, tombstone_s=None)
+    async with (
+        sweeper(database_url, policy, batch=5) as one,
+        sweeper(database_url, policy, batch=5) as other,
+    ):
+        first, second = await asyncio.wait_for(
+            asyncio.gather(one.run_pass(), other.run_pass()), timeout=120
+        )
+
+    # Between them they pruned the backlog exactly once.
+    assert first.turns + second.turns == 120
+    assert first.tombstones_made + second.tombstones_made == 120
+    assert first.events + second.events == events_before
+    assert not first.left_busy and not second.left_busy
+    # Every key is in exactly one place: a tombstone of its own turn, made once.
+    assert await db.fetchval("SELECT count(*) FROM turns") == 0
+    stones = await db.fetch("SELECT session_id, idempotency_key, turn_id FROM key_tombstones")
+    assert len(stones) == 120
+    assert len({(r["session_id"], r["idempotency_key"]) for r in stones}) == 120
+    assert len({r["turn_id"] for r in stones}) == 120
     await assert_backlog_pruned(db, turns=120, events=events_before)
