@@ -8,6 +8,7 @@ leave nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import uuid
@@ -29,7 +30,7 @@ from tests.support import (
     serve_in_process,
     ws_session,
 )
-from tests.support.recorded import RESOLVE, record_session, rows_of_session
+from tests.support.recorded import CANCEL, DECIDE, RESOLVE, record_session, rows_of_session
 
 DELETE = """
 mutation($i: DeleteSessionInput!) { deleteSession(input: $i) {
@@ -42,6 +43,11 @@ mutation($i: DeleteSessionInput!) { deleteSession(input: $i) {
   ... on InvalidInput { field }
 } }
 """
+
+TURN_EVENTS = (
+    "subscription($t: ID!, $a: Int) { turnEvents(turnId: $t, afterSeq: $a) "
+    "{ seq type turnId data } }"
+)
 
 READS = """
 query($s: ID!, $t: ID!, $e: ID!) {
@@ -66,6 +72,20 @@ def without(text: str, *ids: str) -> str:
     for value in ids:
         text = text.replace(value, "ID")
     return text
+
+
+async def whole_answers(
+    client: GraphQLClient,
+    query: str,
+    gone: dict[str, Any],
+    never: dict[str, Any],
+    ids: tuple[str, str],
+) -> tuple[str, str]:
+    """The whole answers (data and errors) to ``query`` with the gone
+    variables and with the never-existed ones, each id made the same."""
+    a = json.dumps(await client.raw(query, gone), sort_keys=True)
+    b = json.dumps(await client.raw(query, never), sort_keys=True)
+    return without(a, ids[0]), without(b, ids[1])
 
 
 def only_its_deletion(rows: dict[str, int]) -> dict[str, int]:
@@ -350,11 +370,26 @@ async def test_a_turn_waiting_for_a_decision_goes_at_once_and_its_call_never_run
         assert rows == only_its_deletion(rows)
         for tid in (waiting, queued):
             assert await client.turn(tid) is None
-        decided = await client.execute(
-            """mutation($i: DecideToolCallInput!) { decideToolCall(input: $i) { __typename } }""",
-            {"i": {"turnId": waiting, "index": 0, "decision": "APPROVE", "idempotencyKey": "d"}},
+        # Deciding its call or cancelling either turn: as for turns that never were.
+        never = str(uuid.uuid4())
+        decision = {"index": 0, "decision": "APPROVE", "idempotencyKey": "d"}
+        gone, absent = await whole_answers(
+            client,
+            DECIDE,
+            {"i": {"turnId": waiting, **decision}},
+            {"i": {"turnId": never, **decision}},
+            (waiting, never),
         )
-        assert decided["decideToolCall"]["__typename"] == "TurnNotFound"
+        assert gone == absent and '"TurnNotFound"' in gone, gone
+        for tid in (waiting, queued):
+            gone, absent = await whole_answers(
+                client,
+                CANCEL,
+                {"i": {"turnId": tid, "idempotencyKey": "c"}},
+                {"i": {"turnId": never, "idempotencyKey": "c"}},
+                (tid, never),
+            )
+            assert gone == absent and '"TurnNotFound"' in gone, gone
         assert await db.fetchval("SELECT count(*) FROM synthetic_effects") == 0
     finally:
         await client.close()
@@ -395,10 +430,27 @@ async def test_after_deletion_everything_answers_as_for_a_session_that_never_exi
     assert a["__typename"] == b["__typename"] == "TurnNotFound"
     assert without(a["message"], recorded.interrupted_turn_id) == without(b["message"], never_turn)
 
+    # Cancelling a turn of it, or deciding a call of one: the whole answer as
+    # for a turn that never existed.
+    for query, extra in (
+        (CANCEL, {"idempotencyKey": "c", "reason": "late"}),
+        (DECIDE, {"index": 0, "decision": "APPROVE", "idempotencyKey": "d"}),
+    ):
+        for turn_id in (tid, recorded.interrupted_turn_id, recorded.retry_turn_id):
+            gone_answer, never_answer = await whole_answers(
+                client,
+                query,
+                {"i": {"turnId": turn_id, **extra}},
+                {"i": {"turnId": never_turn, **extra}},
+                (turn_id, never_turn),
+            )
+            assert gone_answer == never_answer and '"TurnNotFound"' in gone_answer, gone_answer
+
     # Subscriptions, as for a session and a turn that never existed.
     for query, gone_vars, never_vars, ids in (
         (SESSION_EVENTS, {"s": sid, "a": 0}, {"s": never, "a": 0}, (sid, never)),
         (TURN_COMPLETED, {"t": tid}, {"t": never_turn}, (tid, never_turn)),
+        (TURN_EVENTS, {"t": tid, "a": 0}, {"t": never_turn, "a": 0}, (tid, never_turn)),
     ):
         e1 = await stream_error(server.ws_url, query, **gone_vars)
         e2 = await stream_error(server.ws_url, query, **never_vars)
@@ -434,16 +486,25 @@ async def test_live_subscribers_are_closed_with_the_reason(
             except TransportQueryError as error:
                 errors["ended"] = error.errors[0] if error.errors else None
 
-        tasks = [asyncio.create_task(events()), asyncio.create_task(ended())]
+        async def turn_events() -> None:
+            try:
+                async for r in ws.subscribe(request(TURN_EVENTS, t=tid, a=0)):
+                    turn_seen.append(r["turnEvents"])
+            except TransportQueryError as error:
+                errors["turn"] = error.errors[0] if error.errors else None
+
+        turn_seen: list[dict[str, Any]] = []
+        tasks = [asyncio.create_task(f()) for f in (events, ended, turn_events)]
         async with asyncio.timeout(10):
-            # Both registered (plain attributes of the bus), the first event seen.
-            while not seen or server.app.state.runtime.bus.subscriber_count < 2:  # noqa: ASYNC110
+            # All three registered (a plain attribute of the bus), the first event
+            # seen by both event streams.
+            while not (seen and turn_seen) or server.app.state.runtime.bus.subscriber_count < 3:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
         assert (await delete(client, sid, "bye"))["__typename"] == "SessionDeleted"
         async with asyncio.timeout(15):
             await asyncio.gather(*tasks)
-    assert [e["type"] for e in seen] == ["turn.started"]
-    for name in ("events", "ended"):
+    assert [e["type"] for e in seen] == [e["type"] for e in turn_seen] == ["turn.started"]
+    for name in ("events", "ended", "turn"):
         assert errors[name]["message"] == f"session {sid} was deleted", errors
         assert errors[name]["extensions"] == {"code": "NOT_FOUND", "retryable": False}
 
