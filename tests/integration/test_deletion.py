@@ -174,6 +174,23 @@ async def test_the_same_key_for_another_session_is_a_conflict_and_deletes_nothin
     assert (await delete(client, b, "k2"))["__typename"] == "SessionDeleted"
 
 
+async def follow(
+    ws: Any,
+    req: Any,
+    field: str,
+    seen: list[dict[str, Any]],
+    errors: dict[str, Any],
+    name: str,
+) -> None:
+    """Collect a subscription's ``field`` into ``seen`` until it ends; the
+    error it was closed with goes to ``errors[name]``."""
+    try:
+        async for r in ws.subscribe(req):
+            seen.append(r[field])
+    except TransportQueryError as error:
+        errors[name] = error.errors[0] if error.errors else None
+
+
 async def test_a_running_turn_is_cancelled_first_then_the_session_goes_with_its_queue(
     server: InProcessServer, client: GraphQLClient, db: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -184,15 +201,9 @@ async def test_a_running_turn_is_cancelled_first_then_the_session_goes_with_its_
     seen: list[dict[str, Any]] = []
     closed: dict[str, Any] = {}
     async with ws_session(server.ws_url) as ws:
-
-        async def events() -> None:
-            try:
-                async for r in ws.subscribe(request(SESSION_EVENTS, s=sid, a=0)):
-                    seen.append(r["sessionEvents"])
-            except TransportQueryError as error:
-                closed["error"] = error.errors[0] if error.errors else None
-
-        task = asyncio.create_task(events())
+        task = asyncio.create_task(
+            follow(ws, request(SESSION_EVENTS, s=sid, a=0), "sessionEvents", seen, closed, "error")
+        )
         recorded = await db.fetchval("SELECT count(*) FROM events WHERE session_id = $1::uuid", sid)
         async with asyncio.timeout(10):
             while len(seen) < recorded:  # noqa: ASYNC110 - the subscriber has read the record
@@ -471,30 +482,15 @@ async def test_live_subscribers_are_closed_with_the_reason(
     seen: list[dict[str, Any]] = []
     errors: dict[str, Any] = {}
     async with ws_session(server.ws_url) as ws:
-
-        async def events() -> None:
-            try:
-                async for r in ws.subscribe(request(SESSION_EVENTS, s=sid, a=0)):
-                    seen.append(r["sessionEvents"])
-            except TransportQueryError as error:
-                errors["events"] = error.errors[0] if error.errors else None
-
-        async def ended() -> None:
-            try:
-                async for _ in ws.subscribe(request(TURN_COMPLETED, t=tid)):
-                    pass
-            except TransportQueryError as error:
-                errors["ended"] = error.errors[0] if error.errors else None
-
-        async def turn_events() -> None:
-            try:
-                async for r in ws.subscribe(request(TURN_EVENTS, t=tid, a=0)):
-                    turn_seen.append(r["turnEvents"])
-            except TransportQueryError as error:
-                errors["turn"] = error.errors[0] if error.errors else None
-
         turn_seen: list[dict[str, Any]] = []
-        tasks = [asyncio.create_task(f()) for f in (events, ended, turn_events)]
+        tasks = [
+            asyncio.create_task(follow(ws, req, field, into, errors, name))
+            for req, field, into, name in (
+                (request(SESSION_EVENTS, s=sid, a=0), "sessionEvents", seen, "events"),
+                (request(TURN_COMPLETED, t=tid), "turnCompleted", [], "ended"),
+                (request(TURN_EVENTS, t=tid, a=0), "turnEvents", turn_seen, "turn"),
+            )
+        ]
         async with asyncio.timeout(10):
             # All three registered (a plain attribute of the bus), the first event
             # seen by both event streams.
