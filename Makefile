@@ -23,9 +23,15 @@ serve: install
 	$(VENV)/bin/keyturn serve $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 # The whole suite; the database is the embedded PostgreSQL unless
-# KEYTURN_TEST_DATABASE_URL names another server.
+# KEYTURN_TEST_DATABASE_URL names another server. Test files run in
+# TEST_PROCS processes at once (each with its own PostgreSQL when embedded):
+# most of the suite waits on leases, processes and polls rather than the CPU,
+# so two processes take about half the time on two cores. TEST_PROCS=0 runs
+# everything in this one process.
+TEST_PROCS ?= 2
+PARALLEL := $(if $(filter 0,$(TEST_PROCS)),,-n $(TEST_PROCS) --dist loadfile)
 test: install
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PARALLEL)
 
 # The rules against the database, over HTTP and WebSocket (what CI repeats
 # against a second PostgreSQL major version; the slower process-level
@@ -36,7 +42,7 @@ test: install
 DB_VERSION_FREE := http_spec variables auth query_limits fairness hostile \
 	supervision openai_model mcp_tools experiment_mcp_store fast_lists_differential
 test-db: install
-	$(VENV)/bin/pytest tests/integration tests/migration \
+	$(VENV)/bin/pytest $(PARALLEL) tests/integration tests/migration \
 		$(foreach f,$(DB_VERSION_FREE),--ignore=tests/integration/test_$(f).py)
 
 lint: install

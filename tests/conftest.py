@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,6 +79,26 @@ async def db(database_url: str) -> AsyncIterator[object]:
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In a worker of a parallel run (pytest-xdist), hand this process's
+    figures to the one that prints them."""
+    from tests import figures
+
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["figures"] = figures.exported()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """A worker of a parallel run finished: its figures join the run's."""
+    from tests import figures
+
+    exported = getattr(node, "workeroutput", {}).get("figures")
+    if exported:
+        figures.merge(exported)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

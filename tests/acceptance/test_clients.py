@@ -8,8 +8,6 @@ import asyncio
 import json
 import logging
 import os
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ from typing import Any
 import pytest
 
 from keyturn.runtime.auth import create_token
-from tests.support import ROOT, InProcessServer, fast_settings, serve_in_process
+from tests.support import ROOT, InProcessServer, fast_settings, npm, serve_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -27,18 +25,7 @@ PACKAGES = ("@apollo/client", "@urql/core", "graphql-request", "graphql-ws", "rx
 
 @pytest.fixture(scope="module")
 def node_dir() -> Path:
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        if os.environ.get("CI"):
-            pytest.fail("node and npm are needed for the client tests")
-        pytest.skip("node and npm are not installed")
-    if not all((NODE_DIR / "node_modules" / p / "package.json").exists() for p in PACKAGES):
-        subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund", "--silent"],
-            cwd=NODE_DIR,
-            check=True,
-            timeout=300,
-        )
-    return NODE_DIR
+    return npm.installed(NODE_DIR, (f"{p}/package.json" for p in PACKAGES), "the client tests")
 
 
 @pytest.fixture

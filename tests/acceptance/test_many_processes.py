@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +22,7 @@ from tests.support import (
     ServerProcess,
     admin,
     counts,
+    npm,
     owner_process,
     request,
     start_server_process,
@@ -324,17 +323,7 @@ NODE_DIR = ROOT / "tests" / "node"
 
 @pytest.fixture(scope="session")
 def node_client() -> Path:
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        if os.environ.get("CI"):
-            pytest.fail("node and npm are needed for the graphql-ws client test")
-        pytest.skip("node and npm are not installed")
-    if not (NODE_DIR / "node_modules" / "graphql-ws").exists():
-        subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund", "--silent"],
-            cwd=NODE_DIR,
-            check=True,
-            timeout=300,
-        )
+    npm.installed(NODE_DIR, ["graphql-ws"], "the graphql-ws client test")
     return NODE_DIR / "turn_completed.mjs"
 
 

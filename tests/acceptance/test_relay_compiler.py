@@ -5,33 +5,21 @@ a mutation and a subscription (tests/relay/src)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, npm
 
 RELAY_DIR = ROOT / "tests" / "relay"
 
 
 @pytest.fixture(scope="module")
 def compiler() -> Path:
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        if os.environ.get("CI"):
-            pytest.fail("node and npm are needed for the Relay compiler test")
-        pytest.skip("node and npm are not installed")
-    cli = RELAY_DIR / "node_modules" / "relay-compiler" / "cli.js"
-    if not cli.exists():
-        subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund", "--silent"],
-            cwd=RELAY_DIR,
-            check=True,
-            timeout=300,
-        )
-    return cli
+    npm.installed(RELAY_DIR, ["relay-compiler/cli.js"], "the Relay compiler test")
+    return RELAY_DIR / "node_modules" / "relay-compiler" / "cli.js"
 
 
 def compile_against(

@@ -557,7 +557,10 @@ async def test_deletion_racing_subscriptions_ends_every_one_of_them(
 
 @pytest.mark.parametrize(
     ("session_id", "key", "field"),
-    [("not-a-uuid", "k", "sessionId"), (str(uuid.uuid4()), "", "idempotencyKey")],
+    [
+        ("not-a-uuid", "k", "sessionId"),
+        ("7d1c3a52-0d8e-4c1b-9a43-2f6e8b1d5c07", "", "idempotencyKey"),
+    ],
 )
 async def test_a_malformed_deletion_is_invalid_input(
     client: GraphQLClient, session_id: str, key: str, field: str
