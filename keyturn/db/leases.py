@@ -297,6 +297,29 @@ _FINISHED_BY = Statement(
     """
 )
 
+# A sweep whose answer was lost: the turns this process's sweeps interrupted
+# lately (``within`` seconds on the database clock, wider than the time since
+# the sweep was sent), found along the index of ended turns.
+_INTERRUPTED_BY = Statement(
+    f"""
+    SELECT {columns(Turn)} FROM turns
+    WHERE status = {literal(TurnStatus.INTERRUPTED)}
+      AND completed_at >= now() - make_interval(secs => :within)
+      AND EXISTS (SELECT 1 FROM events e
+                  WHERE e.turn_id = turns.id AND e.type = {literal(EventType.TURN_INTERRUPTED)}
+                    AND e.data ->> 'by' = :by)
+    """
+)
+
+# A release whose answer was lost: its turn.released, by this owner and epoch.
+_RELEASED_BY = Statement(
+    f"""
+    SELECT 1 FROM events
+    WHERE turn_id = :turn_id AND type = {literal(EventType.TURN_RELEASED)}
+      AND data ->> 'owner' = :owner AND (data ->> 'epoch')::bigint = :epoch
+    """
+)
+
 # The latest ``limit`` earlier turns a FULL history shows, oldest first: read
 # newest first down the (session_id, admit_seq) index, so a long session costs
 # no more than its window. Each comes with the tool results its record holds
@@ -436,6 +459,17 @@ async def finished_by(
     row = await _FINISHED_BY.fetchrow(
         conn, turn_id=turn_id, epoch=epoch, owner=owner, status=status
     )
+    return row is not None
+
+
+async def interrupted_by(conn: Conn, *, by: str, within_s: float) -> list[TurnRecord]:
+    """Turns ``by``'s sweeps interrupted within the last ``within_s`` seconds."""
+    return [turn_from(r) for r in await _INTERRUPTED_BY.fetch(conn, by=by, within=within_s)]
+
+
+async def released_by(conn: Conn, *, turn_id: uuid.UUID, epoch: int, owner: str) -> bool:
+    """Did ``owner`` already hand the turn back under ``epoch``?"""
+    row = await _RELEASED_BY.fetchrow(conn, turn_id=turn_id, epoch=epoch, owner=owner)
     return row is not None
 
 

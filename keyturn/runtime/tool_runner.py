@@ -411,15 +411,20 @@ class ToolRunner:
         if turn.retry_of is None:
             return {}
         for attempt in range(_SETTLE_ATTEMPTS):
-            calls = await self._calls_of(turn.retry_of)
-            if not any(self._askable(c) for c in calls.values()):
-                return calls
             if attempt:
                 await asyncio.sleep(_SETTLE_RETRY_S * attempt)
-            if await self.reconcile(turn.retry_of) == 0:
-                # Every question answered (or a tool said it cannot tell:
-                # then the old key runs again, which such a tool allows).
-                return await self._calls_of(turn.retry_of)
+            try:
+                calls = await self._calls_of(turn.retry_of)
+                if not any(self._askable(c) for c in calls.values()):
+                    return calls
+                if await self.reconcile(turn.retry_of) == 0:
+                    # Every question answered (or a tool said it cannot tell:
+                    # then the old key runs again, which such a tool allows).
+                    return await self._calls_of(turn.retry_of)
+            except DatabaseUnavailable:
+                # A lost answer (a tool.reconciled that may have committed
+                # included): the next attempt reads what the record holds.
+                log.warning("turn %s: reading or settling its earlier calls failed", turn.id)
         raise ToolOutcomeUnknown("the earlier turn's unknown tool outcomes could not be settled")
 
     async def _calls_of(self, turn_id: uuid.UUID) -> dict[int, ToolCallView]:

@@ -56,6 +56,8 @@ _END_EVENT = {
 # Settling unknown tool outcomes is retried with a backoff between these bounds.
 _SETTLE_FIRST_DELAY_S = 0.5
 _SETTLE_MAX_DELAY_S = 30.0
+# How long a hand-back at a clean stop is retried through a lost connection.
+_RELEASE_RETRY_S = 5.0
 
 
 def new_owner_id() -> str:
@@ -129,6 +131,8 @@ class Worker:
         # it: a claim whose answer was lost is told apart from these.
         self._started: set[tuple[uuid.UUID, int]] = set()
         self._claim_unknown = False
+        # When a sweep whose answer was lost was sent (this loop's clock).
+        self._sweep_unknown_since: float | None = None
         self._running: dict[uuid.UUID, _Running] = {}
         # Every running turn's lease is renewed by one statement per tick, and
         # the turns that end together are finished by one.
@@ -257,8 +261,18 @@ class Worker:
                 await asyncio.wait_for(self._wake.wait(), self.settings.claim_poll_s)
 
     async def _sweep(self) -> None:
-        async with connect(self.engine) as conn:
-            turns = await leases.interrupt_expired(conn, by=self.owner)
+        if self._sweep_unknown_since is None:
+            sent = self._now()
+            try:
+                async with connect(self.engine) as conn:
+                    turns = await leases.interrupt_expired(conn, by=self.owner)
+            except DatabaseUnavailable:
+                # Its answer may be lost after it committed: the turns it
+                # interrupted would then go unsettled and unannounced.
+                self._sweep_unknown_since = sent
+                turns = await self._swept_unseen()
+        else:
+            turns = await self._swept_unseen()
         for turn in turns:
             self.interrupted += 1
             self._started.discard((turn.id, turn.epoch))
@@ -278,6 +292,23 @@ class Worker:
             self._settle_later(turn.id)
         if self._catch_up_task is None:
             self._catch_up_task = asyncio.create_task(self._catch_up(), name="keyturn-catch-up")
+
+    async def _swept_unseen(self) -> list[TurnRecord]:
+        """Settle a sweep whose outcome is unknown, on a fresh connection: the
+        turns this owner's sweeps interrupted since it was sent (the ones
+        seen before are settled again harmlessly: their calls are answered).
+        Raises DatabaseUnavailable while the record cannot be read (the next
+        pass tries again)."""
+        since = self._sweep_unknown_since
+        assert since is not None
+        # The database's clock is not this one: a lease's length of margin.
+        within = self._now() - since + self.settings.lease_ttl_s
+        async with connect(self.engine) as conn:
+            turns = await leases.interrupted_by(conn, by=self.owner, within_s=within)
+        self._sweep_unknown_since = None
+        if turns:
+            log.warning("a sweep's answer was lost; it had interrupted %d turn(s)", len(turns))
+        return turns
 
     def _settle_later(self, turn_id: uuid.UUID) -> None:
         if turn_id in self._settling or self._stopping:
@@ -626,16 +657,37 @@ class Worker:
         return not refused
 
     async def _release(self, turn: TurnRecord) -> bool:
-        """True when the turn went back to the queue."""
-        try:
-            async with connect(self.engine) as conn:
-                released = await leases.release(
-                    conn, turn_id=turn.id, epoch=turn.epoch, owner=self.owner
-                )
-        except DatabaseUnavailable:
-            log.error("turn %s: could not hand back on shutdown; its lease will expire", turn.id)
-            return False
-        if released is None:
+        """True when the turn went back to the queue. A release whose answer
+        was lost is settled by reading whether its turn.released is in the
+        record; if not, it is sent again, for a few seconds at most (the
+        process is stopping)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(self.settings.lease_ttl_s, _RELEASE_RETRY_S)
+        sent = False
+        while True:
+            try:
+                async with connect(self.engine) as conn:
+                    if sent and await leases.released_by(
+                        conn, turn_id=turn.id, epoch=turn.epoch, owner=self.owner
+                    ):
+                        released = True
+                    else:
+                        sent = True
+                        released = (
+                            await leases.release(
+                                conn, turn_id=turn.id, epoch=turn.epoch, owner=self.owner
+                            )
+                            is not None
+                        )
+                break
+            except DatabaseUnavailable:
+                if loop.time() > deadline:
+                    log.error(
+                        "turn %s: could not hand back on shutdown; its lease will expire", turn.id
+                    )
+                    return False
+                await asyncio.sleep(0.2)
+        if not released:
             return False
         log.info("turn %s handed back to the queue", turn.id)
         self.bus.committed(turn.session_id)

@@ -88,8 +88,12 @@ def private_postgres() -> Iterator[PrivatePostgres]:
 @dataclass
 class _Conn:
     statements: dict[str, str] = field(default_factory=dict)  # prepared name -> SQL
-    portals: dict[str, str] = field(default_factory=dict)  # portal name -> SQL
-    executed: list[str] = field(default_factory=list)  # SQL executed since the last Sync
+    # portal name -> SQL and the Bind message (its parameters' values)
+    portals: dict[str, tuple[str, bytes]] = field(default_factory=dict)
+    # SQL executed since the last Sync, each with the values it was bound to
+    executed: list[tuple[str, bytes]] = field(default_factory=list)
+    # A marked statement's answer is being read: cut only if it holds rows.
+    watching: bool = False
 
 
 def _cstring(buf: bytes, at: int) -> tuple[str, int]:
@@ -107,6 +111,12 @@ class CuttingProxy:
     then throws the answer away and closes both sides. The client sees its
     connection die with the commit's outcome unknown to it. With
     ``wait_for_reply=False`` it closes at once instead, racing the commit.
+    ``bound`` narrows the cut to a statement bound to a value containing
+    those bytes (one statement appends every ``tool.*`` entry; its type is a
+    parameter). With ``rows=True`` only a statement that answers with rows
+    is cut (a sweep that interrupted a turn, not an empty one): its answer
+    is read whole, then dropped; an empty answer passes and the cut stays
+    armed.
 
     ``refuse_for(seconds)`` refuses new connections for a while (the database
     "is down" for whoever tries to re-read).
@@ -117,6 +127,8 @@ class CuttingProxy:
         self._server: asyncio.AbstractServer | None = None
         self.port = 0
         self._marker: str | None = None
+        self._bound = b""
+        self._rows = False
         self._wait_for_reply = True
         self._refuse_until = 0.0
         self._then_down = False
@@ -141,9 +153,17 @@ class CuttingProxy:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def cut_after(
-        self, marker: str, *, wait_for_reply: bool = True, then_down: bool = False
+        self,
+        marker: str,
+        *,
+        bound: bytes = b"",
+        rows: bool = False,
+        wait_for_reply: bool = True,
+        then_down: bool = False,
     ) -> None:
         self._marker = marker
+        self._bound = bound
+        self._rows = rows
         self._wait_for_reply = wait_for_reply
         self._then_down = then_down
         self.cut_done.clear()
@@ -173,7 +193,7 @@ class CuttingProxy:
         state = _Conn()
         gate = asyncio.Event()  # set: stop relaying server -> client
         up = asyncio.create_task(self._client_to_server(c_reader, s_writer, state, gate))
-        down = asyncio.create_task(self._server_to_client(s_reader, c_writer, gate))
+        down = asyncio.create_task(self._server_to_client(s_reader, c_writer, state, gate))
         try:
             await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
             if gate.is_set() and self._wait_for_reply:
@@ -219,18 +239,23 @@ class CuttingProxy:
             elif kind == b"B":  # Bind: portal, statement
                 portal, at = _cstring(body, 0)
                 stmt, _ = _cstring(body, at)
-                state.portals[portal] = state.statements.get(stmt, "")
+                state.portals[portal] = (state.statements.get(stmt, ""), body)
             elif kind == b"E":  # Execute: portal
                 portal, _ = _cstring(body, 0)
-                state.executed.append(state.portals.get(portal, ""))
+                state.executed.append(state.portals.get(portal, ("", b"")))
             elif kind == b"Q":  # simple query
                 query, _ = _cstring(body, 0)
-                state.executed.append(query)
+                state.executed.append((query, b""))
             if kind in (b"S", b"Q"):
                 marker = self._marker
-                hit = marker is not None and any(marker in q for q in state.executed)
+                hit = marker is not None and any(
+                    marker in q and self._bound in values for q, values in state.executed
+                )
                 state.executed.clear()
-                if hit:
+                if hit and self._rows:
+                    # Set before any await: the answer cannot arrive first.
+                    state.watching = True
+                elif hit:
                     self._marker = None
                     self.cuts += 1
                     await writer.drain()
@@ -241,12 +266,31 @@ class CuttingProxy:
             await writer.drain()
 
     async def _server_to_client(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gate: asyncio.Event
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        state: _Conn,
+        gate: asyncio.Event,
     ) -> None:
+        held = b""
         while True:
             data = await reader.read(65536)
             if not data:
                 return
+            if state.watching:
+                held += data
+                if b"Z\x00\x00\x00\x05" not in held:
+                    continue
+                state.watching = False
+                data, held = held, b""
+                # CommandComplete "SELECT 0": no rows, nothing to cut.
+                if b"SELECT 0\x00" not in data and self._marker is not None:
+                    self._marker = None
+                    self.cuts += 1
+                    gate.set()
+                    if self._then_down:
+                        self.down()
+                    return
             if gate.is_set():
                 if b"Z\x00\x00\x00\x05" in data:  # ReadyForQuery: the commit is done
                     return

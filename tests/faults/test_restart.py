@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -141,3 +142,88 @@ async def test_after_a_restart_while_idle_the_first_requests_succeed(
         result = await client.submit(sid, "after", "after an idle restart")
         assert result["__typename"] == "TurnAccepted"
         await client.close()
+
+
+async def intents_recorded(url: str, n: int, within: float = 15) -> None:
+    """Wait until ``n`` tool calls have their intents (and are held after them)."""
+    conn: Any = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        deadline = time.monotonic() + within
+        while await conn.fetchval("SELECT count(*) FROM events WHERE type = 'tool.intent'") < n:
+            assert time.monotonic() < deadline, "the calls did not reach their intents"
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
+CALLS = """
+query($id: ID!) { turn(id: $id) {
+  status toolCalls { index kind state result } events { type }
+} }
+"""
+
+# What the README's restart paragraph allows a call in flight to end as, by
+# kind: a READ_ONLY call answers or is an error; an IDEMPOTENT one answers, or
+# is asked at once whether its key was applied, or stays unknown.
+ALLOWED = {
+    "READ_ONLY": {"COMPLETED"},
+    "IDEMPOTENT": {"COMPLETED", "RECONCILED_APPLIED", "RECONCILED_NOT_APPLIED", "OUTCOME_UNKNOWN"},
+}
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+async def test_a_restart_with_tool_calls_in_flight_keeps_their_turns_and_the_store_agrees(
+    private_pg: PrivatePostgres, fault_db: str, mode: str, tmp_path: Path
+) -> None:
+    """A READ_ONLY and an IDEMPOTENT call of the synthetic tools (whose store
+    is in the same PostgreSQL) are in flight, held after their intents, when
+    the server restarts; they go on once it is back. Their turns keep their
+    leases and finish; each call is recorded as the README says, and the
+    record agrees with the store."""
+    release = tmp_path / "release"
+    settings = fast_settings(
+        pool_size=4, lease_ttl_s=15.0, hold_at="after_intent:0", hold_until=release
+    )
+    async with serve_in_process(fault_db, settings) as srv:
+        client = GraphQLClient(srv.url)
+        read_sid, write_sid = await client.create_session(), await client.create_session()
+        read = (await client.submit(read_sid, "r", "/read x"))["turn"]["id"]
+        write = (await client.submit(write_sid, "w", "/write a=1"))["turn"]["id"]
+        await intents_recorded(fault_db, 2)
+        await asyncio.to_thread(private_pg.restart, mode)
+        figures.add("faults injected")
+        figures.add(f"faults: pg_ctl restart -m {mode} with tool calls in flight")
+        release.touch()
+        ended = {
+            tid: await client.wait_for_status(tid, {"COMPLETED", "INTERRUPTED", "FAILED"}, 30)
+            for tid in (read, write)
+        }
+        turns = {tid: (await client.execute(CALLS, {"id": tid}))["turn"] for tid in ended}
+        await client.close()
+    conn: Any = await asyncpg.connect(asyncpg_dsn(fault_db))
+    try:
+        applied = [
+            r["applied"]
+            for r in await conn.fetch(
+                "SELECT applied FROM synthetic_effects WHERE effect_key = $1 ORDER BY id",
+                f"{write}/0",
+            )
+        ]
+    finally:
+        await conn.close()
+    for tid, t in turns.items():
+        types = [e["type"] for e in t["events"]]
+        assert t["status"] == "COMPLETED", (t, ended[tid])
+        assert "turn.interrupted" not in types and "turn.write_refused" not in types, types
+        [call] = t["toolCalls"]
+        assert call["state"] in ALLOWED[call["kind"]], call
+        assert types.count("tool.intent") == types.count("tool.result") == 1, types
+    [call] = turns[write]["toolCalls"]
+    # The record agrees with the store: applied once, or never, as it says.
+    if call["state"] in ("COMPLETED", "RECONCILED_APPLIED"):
+        assert applied.count(True) == 1, (call, applied)
+    elif call["state"] == "RECONCILED_NOT_APPLIED":
+        assert True not in applied, (call, applied)
+    else:
+        assert applied.count(True) <= 1, (call, applied)
+    print(f"restart -m {mode} with calls in flight: {[c['toolCalls'] for c in turns.values()]}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -303,6 +304,13 @@ async def test_abandon_and_the_errors(client: GraphQLClient, db: Any) -> None:
     t = await turn(client, running)
     assert [e["type"] for e in t["events"]][-1] == "turn.abandoned"
     assert await db.fetchval("SELECT count(*) FROM events WHERE type = 'turn.abandoned'") == 1
+    # One namespace of keys per session, both ways: the decision's key admits
+    # no turn, and names the turn it decided.
+    turns_before = await db.fetchval("SELECT count(*) FROM turns")
+    submitted = await client.submit(sid, "a", "hello")
+    assert submitted["__typename"] == "IdempotencyConflict", submitted
+    assert submitted["existingTurnId"] == running
+    assert await db.fetchval("SELECT count(*) FROM turns") == turns_before
     # A key a submitted turn holds names that turn.
     taken = await resolve(client, running, "RETRY", "s")
     assert taken["__typename"] == "IdempotencyConflict" and taken["existingTurnId"] == running
@@ -401,3 +409,68 @@ async def test_a_write_whose_key_was_settled_as_never_applied_is_refused_not_com
     # What the runner records for a refusal, and what the ledger makes of it.
     flags = {"reconciled": True, "applied": False}
     assert result_state(flags) is ToolCallState.RECONCILED_NOT_APPLIED
+
+
+async def test_a_retry_racing_reconciliation_completes_with_the_effect_applied_once(
+    database_url: str, db: Any, tmp_path: Path
+) -> None:
+    """The interleaving that once lost a write while the record
+    said COMPLETED: the original turn dies after the intent of a keyed
+    /write; the client retries while the interrupting process is still
+    asking the store whether that key was applied (the test holds a lock on
+    the store). The retry waits for that answer (or asks itself), then runs
+    under its own key; the store has the effect exactly once, and the
+    retry's call is COMPLETED only because its write applied."""
+    release = tmp_path / "release"
+    settings = fast_settings(hold_at="after_intent:0", hold_until=release)
+    async with serve_in_process(database_url, settings) as srv:
+        client = GraphQLClient(srv.url)
+        sid = await client.create_session()
+        w = (await client.submit(sid, "w", "/write a=1"))["turn"]["id"]
+        await held_at(db, w, 4)  # started, running, planned, intent: held there
+        blocker: Any = await admin(database_url)
+        try:
+            lock = blocker.transaction()
+            await lock.start()
+            await blocker.execute("LOCK TABLE synthetic_effects IN ACCESS EXCLUSIVE MODE")
+            await take_over(db, w)
+            await client.wait_for_status(w, {"INTERRUPTED"})
+            # The interrupting process's question is waiting on the store now.
+            asked = await turn(client, w)
+            assert [c["state"] for c in asked["toolCalls"]] == ["OUTCOME_UNKNOWN"]
+            new = (await resolve(client, w, "RETRY", "race"))["retry"]["id"]
+            await client.wait_for_status(new, {"RUNNING"})
+            await asyncio.sleep(0.3)  # the retry is settling its earlier call now
+            await lock.rollback()
+        finally:
+            await blocker.close()
+        # The retry's call reaches the hold after its intent; let it go on.
+        await held_at(db, new, 4)
+        release.touch()
+        done = await client.wait_for_status(new, {"COMPLETED", "INTERRUPTED", "FAILED"})
+        assert done["status"] == "COMPLETED", done
+        t = await turn(client, new)
+        assert [(c["state"], c["effectKey"]) for c in t["toolCalls"]] == [("COMPLETED", f"{new}/0")]
+        result = next(e for e in t["events"] if e["type"] == "tool.result")
+        assert result["data"]["result"].get("applied") is not False, result
+        original = await settled(client, w)
+        assert [c["state"] for c in original["toolCalls"]] == ["RECONCILED_NOT_APPLIED"]
+        # Exactly once: the old key is settled as never applied, the retry's applied.
+        assert [r["applied"] for r in await store(db, f"{w}/0")] == [False]
+        assert [(r["applied"], r["name"], r["value"]) for r in await store(db, f"{new}/0")] == [
+            (True, "a", "1")
+        ]
+        applied = await db.fetchval(
+            "SELECT count(*) FROM synthetic_effects WHERE name = 'a' AND applied"
+        )
+        assert applied == 1
+        # The question was answered, once, before the retry planned its call.
+        order = await db.fetch(
+            "SELECT type FROM events WHERE session_id = $1::uuid "
+            "AND type IN ('tool.reconciled', 'tool.planned') AND seq > "
+            "(SELECT admit_seq FROM turns WHERE id = $2::uuid) ORDER BY seq",
+            sid,
+            new,
+        )
+        assert [r["type"] for r in order] == ["tool.reconciled", "tool.planned"]
+        await client.close()
