@@ -12,7 +12,8 @@ class KeyturnError(Exception):
     """Keyturn could not do that."""
 
     def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
+        # A docstring's line breaks and indentation are not part of the message.
+        super().__init__(message or " ".join((self.__doc__ or "").split()))
 
 
 # -- the client's mistakes ----------------------------------------------------
@@ -64,6 +65,12 @@ class TransferRefused(KeyturnError):
 # -- conditions a retry may outlast -------------------------------------------
 class DatabaseUnavailable(KeyturnError):
     """The database did not answer; the request may be retried."""
+
+
+class DatabaseBusy(DatabaseUnavailable):
+    """The database is busy (a statement or a lock wait ran past its timeout, or
+    no connection came free in time); nothing was written, and the request may
+    be retried."""
 
 
 class OutcomeUnknown(DatabaseUnavailable):

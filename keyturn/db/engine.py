@@ -24,8 +24,8 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from keyturn.db.failures import DRIVER_ERRORS, is_unavailable
-from keyturn.errors import DatabaseUnavailable
+from keyturn.db.failures import DRIVER_ERRORS, is_busy, is_unavailable
+from keyturn.errors import DatabaseBusy, DatabaseUnavailable
 
 # What the layers above pass around: the pool. They only hand it back to
 # ``connect`` (and dispose of it), so they need not know whose pool it is.
@@ -242,8 +242,10 @@ async def connect(engine: AsyncEngine) -> AsyncIterator[Conn]:
     transaction, which is one round trip for the single-statement writes.
 
     A failure that means the database or the connection went away is raised
-    as :class:`~keyturn.errors.DatabaseUnavailable`; nothing above ``db``
-    sees a driver exception of that kind."""
+    as :class:`~keyturn.errors.DatabaseUnavailable`, a timeout (the pool's,
+    the server's statement or lock timeout) as its subclass
+    :class:`~keyturn.errors.DatabaseBusy`; nothing above ``db`` sees a driver
+    exception of that kind."""
     try:
         async with engine.connect() as pooled:
             raw = await pooled.get_raw_connection()
@@ -260,6 +262,8 @@ async def connect(engine: AsyncEngine) -> AsyncIterator[Conn]:
                         await pooled.invalidate()
                 raise
     except DRIVER_ERRORS as error:
+        if is_busy(error):
+            raise DatabaseBusy() from error
         if is_unavailable(error):
             raise DatabaseUnavailable() from error
         raise

@@ -1,10 +1,11 @@
 """What a database error means, decided once, here.
 
 Callers above ``db`` never look at a driver exception: a lost connection
-becomes :class:`~keyturn.errors.DatabaseUnavailable` (in
-:func:`keyturn.db.engine.connect`), and a unique violation a statement
-expects (a duplicate ledger entry, a lost race for a key) becomes a typed
-result of the function that ran it, found by :func:`violated`.
+becomes :class:`~keyturn.errors.DatabaseUnavailable` and a timeout
+:class:`~keyturn.errors.DatabaseBusy` (in :func:`keyturn.db.engine.connect`),
+and a unique violation a statement expects (a duplicate ledger entry, a lost
+race for a key) becomes a typed result of the function that ran it, found by
+:func:`violated`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _UNAVAILABLE_CLASSES = ("08", "57P", "53")
 # failure) or whose completion is unknown: nothing of it committed, or it must
 # be re-read; either way the request may be retried.
 _ROLLED_BACK_STATES = ("40001", "40003", "40P01")
+# query_canceled and lock_not_available: see is_busy.
+_BUSY_STATES = ("57014", "55P03")
 
 
 def sqlstate_of(error: BaseException) -> str | None:
@@ -40,10 +43,25 @@ def sqlstate_of(error: BaseException) -> str | None:
     return None
 
 
-def is_unavailable(error: BaseException) -> bool:
+def is_busy(error: BaseException) -> bool:
+    """The database refused to wait any longer, and nothing of the statement
+    committed: no connection of the pool came free within its timeout (the
+    process is saturated for now), or the server cancelled the statement
+    (statement_timeout, or an operator's pg_cancel_backend: 57014) or its lock
+    wait (lock_timeout: 55P03). PostgreSQL never raises either once a commit
+    has begun, so a retry may succeed and need not re-read anything.
+
+    A cancel Keyturn issues itself (a task cancelled mid-statement) never gets
+    here: the task sees ``CancelledError``, not the server's 57014, and
+    :func:`keyturn.db.engine.connect` drops that connection rather than let a
+    late cancel reach the next statement on it."""
     if isinstance(error, sa_exc.TimeoutError):
-        # No connection of the pool came free within its timeout: the process
-        # is saturated for now, which a retry may find otherwise.
+        return True
+    return sqlstate_of(error) in _BUSY_STATES
+
+
+def is_unavailable(error: BaseException) -> bool:
+    if is_busy(error):
         return True
     if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
         return True

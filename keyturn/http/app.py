@@ -29,13 +29,14 @@ from strawberry.types.unset import UnsetType
 from keyturn.db import embedded
 from keyturn.db.engine import create_engine
 from keyturn.db.reads import RawJSON
+from keyturn.errors import DatabaseBusy, DatabaseUnavailable
 from keyturn.http import health, metrics
-from keyturn.http.fairness import Fairness
+from keyturn.http.fairness import Fairness, Shares
 from keyturn.http.graphiql import graphiql_mount, page_response
 from keyturn.http.guard import AuthorizationProblem, Guard, bearer_token
 from keyturn.http.persisted import PersistedDocuments
 from keyturn.http.playground import playground_mount
-from keyturn.http.protocol import WS_REFUSAL, GraphQLOverHTTP
+from keyturn.http.protocol import TRY_AGAIN_LATER, WS_REFUSAL, GraphQLOverHTTP
 from keyturn.http.requestlog import RequestLog
 from keyturn.resolvers.context import Context, QueryLimits
 from keyturn.runtime.auth import Authenticator
@@ -54,10 +55,17 @@ def _raw_json(value: object) -> orjson.Fragment:
 
 
 class KeyturnGraphQL(GraphQLOverHTTP):
-    def __init__(self, state: dict[str, Any], documents: PersistedDocuments, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        state: dict[str, Any],
+        documents: PersistedDocuments,
+        shares: Shares,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self._state = state
         self.documents = documents
+        self.shares = shares
 
     # orjson: several times faster than the standard library on every answer.
     # A str, not bytes: the WebSocket handler sends bytes as binary frames,
@@ -90,18 +98,29 @@ class KeyturnGraphQL(GraphQLOverHTTP):
     async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
         """The token comes in the connection_init payload, ``Bearer TOKEN`` as on
         HTTP; a missing or wrong one closes the connection with 4403 (its reason
-        says what was wrong) before any operation runs."""
+        says what was wrong) before any operation runs. A token that cannot be
+        checked, the database being busy or not answering, closes it with 1013
+        Try Again Later, as HTTP answers 503: the token may be fine."""
         auth: Authenticator = self._state["auth"]
-        if not await auth.required():
-            return UnsetType()
+        refusal = context.request.scope.setdefault("state", {})
         params = context.connection_params or {}
         raw = params.get("authorization") or params.get("Authorization") or params.get("token")
         try:
+            if not await auth.required():
+                return UnsetType()
             token = bearer_token(raw) if isinstance(raw, str) else None
+            tenant = await auth.tenant_for(token)
         except AuthorizationProblem as problem:
-            context.request.scope.setdefault("state", {})[WS_REFUSAL] = str(problem)
+            refusal[WS_REFUSAL] = (4403, str(problem))
             raise ConnectionRejectionError() from None
-        tenant = await auth.tenant_for(token)
+        except DatabaseUnavailable as error:
+            why = "busy" if isinstance(error, DatabaseBusy) else "not answering"
+            log.warning("WebSocket token check: the database is %s", why)
+            refusal[WS_REFUSAL] = (
+                TRY_AGAIN_LATER,
+                f"service unavailable: the database is {why}; retry",
+            )
+            raise ConnectionRejectionError() from None
         if token is None or tenant is None:
             raise ConnectionRejectionError()
         context.tenant = tenant
@@ -178,9 +197,12 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
     documents = PersistedDocuments.from_file(
         settings.persisted_documents, settings.persisted_documents_file
     )
+    # One tenant's slots, whether its operations come over HTTP or a WebSocket.
+    shares = Shares(limit=settings.tenant_concurrency, wait_s=settings.pool_timeout_s)
     graphql_app = KeyturnGraphQL(
         state,
         documents,
+        shares,
         schema=schema
         if settings.introspection and settings.max_query_depth == MAX_DEPTH
         else build_schema(introspection=settings.introspection, max_depth=settings.max_query_depth),
@@ -211,7 +233,7 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
                 metrics_public=settings.metrics_public,
             ),
             # Inside the Guard, which names the request's tenant.
-            Middleware(Fairness, limit=settings.tenant_concurrency, wait_s=settings.pool_timeout_s),
+            Middleware(Fairness, shares=shares),
         ],
         lifespan=lifespan,
     )

@@ -1,15 +1,18 @@
-"""Fairness between tenants: at most N GraphQL requests of one tenant run at
-once in a process, so that one tenant's flood of legal reads cannot take every
-connection of the pool while other tenants wait.
+"""Fairness between tenants: at most N GraphQL operations of one tenant run
+at once in a process, so that one tenant's flood of legal reads cannot take
+every connection of the pool while other tenants wait.
 
-A request counts from the moment it passes the Guard (which names its tenant)
-until its answer starts: a query's or mutation's work is done by then, and a
-subscription streamed over HTTP holds no connection while it waits for events.
-WebSockets are not counted at all, for the same reason. The next requests of a
-tenant at its limit wait their turn, in order, for at most ``wait_s``; a
-request that waits longer, or finds :data:`QUEUE_PER_SLOT` requests per slot
-already waiting, is answered 503 ``UNAVAILABLE`` (retryable, with
-``Retry-After``) and never runs.
+What holds a slot: an HTTP request, from the moment it passes the Guard
+(which names its tenant) until its answer starts, and a query or mutation
+sent over a WebSocket, from its ``subscribe`` message until its result is
+sent; both count against the same limit (:class:`Shares`), so one socket
+with many operations is no way around it. A subscription holds no slot (over
+HTTP its answer starts at once; over a WebSocket it is not counted): while
+it waits for events it holds no connection. The next operations of a tenant
+at its limit wait their turn, in order, for at most ``wait_s``; one that
+waits longer, or finds :data:`QUEUE_PER_SLOT` per slot already waiting, is
+answered ``UNAVAILABLE`` (retryable; over HTTP a 503 with ``Retry-After``)
+and never runs.
 An open server (no tokens) has one tenant, "", and nobody else to be fair
 to: its requests are not counted.
 """
@@ -53,45 +56,33 @@ class _Share:
         self.running -= 1
 
 
-class Fairness:
-    def __init__(self, app: ASGIApp, *, limit: int, wait_s: float) -> None:
-        self.app = app
+class Shares:
+    """Every tenant's slots in this process, for HTTP requests and WebSocket
+    operations alike."""
+
+    def __init__(self, *, limit: int, wait_s: float) -> None:
         self.limit = limit
         self.queue = limit * QUEUE_PER_SLOT
         self.wait_s = wait_s
         self._shares: dict[str, _Share] = {}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        tenant = scope.get("state", {}).get("tenant") if scope["type"] == "http" else None
-        if not tenant or scope["path"] != "/graphql":
-            # Not a GraphQL request the Guard let through (a refusal it already
-            # sent, a page, /metrics, a WebSocket), or a server running open:
-            # with no tokens there is one tenant and nobody to be fair to.
-            await self.app(scope, receive, send)
-            return
+    async def enter(self, tenant: str) -> bool:
+        """Take one of ``tenant``'s slots, waiting in order for at most
+        ``wait_s``; False (and nothing held) when none came free."""
         share = self._shares.setdefault(tenant, _Share())
-        if not await self._enter(share):
-            self._forget_if_idle(tenant, share)
-            await _unavailable(scope, send)
-            return
-        held = True
-
-        def release() -> None:
-            nonlocal held
-            if held:
-                held = False
-                share.leave()
-                self._forget_if_idle(tenant, share)
-
-        async def send_releasing(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                release()
-            await send(message)
-
+        entered = False
         try:
-            await self.app(scope, receive, send_releasing)
+            entered = await self._enter(share)
         finally:
-            release()
+            if not entered:
+                self._forget_if_idle(tenant, share)
+        return entered
+
+    def leave(self, tenant: str) -> None:
+        """Give back a slot :meth:`enter` took."""
+        share = self._shares[tenant]
+        share.leave()
+        self._forget_if_idle(tenant, share)
 
     async def _enter(self, share: _Share) -> bool:
         if share.running < self.limit and not share.waiting:
@@ -125,6 +116,45 @@ class Fairness:
             del self._shares[tenant]
 
 
+class Fairness:
+    """The HTTP side of :class:`Shares`: a GraphQL request holds a slot until
+    its answer starts."""
+
+    def __init__(self, app: ASGIApp, *, shares: Shares) -> None:
+        self.app = app
+        self.shares = shares
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tenant = scope.get("state", {}).get("tenant") if scope["type"] == "http" else None
+        if not tenant or scope["path"] != "/graphql":
+            # Not a GraphQL request the Guard let through (a refusal it already
+            # sent, a page, /metrics, a WebSocket: its operations are counted
+            # one by one, by keyturn.http.protocol), or a server running open:
+            # with no tokens there is one tenant and nobody to be fair to.
+            await self.app(scope, receive, send)
+            return
+        if not await self.shares.enter(tenant):
+            await _unavailable(scope, send)
+            return
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.shares.leave(tenant)
+
+        async def send_releasing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                release()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_releasing)
+        finally:
+            release()
+
+
 def _discard(share: _Share, waiter: asyncio.Future[Any]) -> None:
     try:
         share.waiting.remove(waiter)
@@ -132,20 +162,17 @@ def _discard(share: _Share, waiter: asyncio.Future[Any]) -> None:
         pass
 
 
+# The shape of the Guard's refusals and of GraphQL's own errors: a retry
+# (with the same idempotency key) may succeed once the tenant's earlier
+# requests have been answered.
+BUSY_ERROR: dict[str, Any] = {
+    "message": "too many requests of this tenant at once; retry",
+    "extensions": {"code": "UNAVAILABLE", "retryable": True},
+}
+
+
 async def _unavailable(scope: Scope, send: Send) -> None:
-    # The shape of the Guard's refusals and of GraphQL's own errors: a retry
-    # (with the same idempotency key) may succeed once the tenant's earlier
-    # requests have been answered.
-    body = orjson.dumps(
-        {
-            "errors": [
-                {
-                    "message": "too many requests of this tenant at once; retry",
-                    "extensions": {"code": "UNAVAILABLE", "retryable": True},
-                }
-            ]
-        }
-    )
+    body = orjson.dumps({"errors": [BUSY_ERROR]})
     accept = None
     for key, value in scope.get("headers", []):
         if key == b"accept":

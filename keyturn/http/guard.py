@@ -17,6 +17,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from keyturn.errors import DatabaseUnavailable
+from keyturn.http import memory
 from keyturn.http.media import is_ide_request, query_params, response_media_type
 from keyturn.runtime.auth import Authenticator
 
@@ -138,12 +139,12 @@ class Guard:
                 await _unauthenticated(scope, send, str(problem))
                 return None
             found = await auth.tenant_for(token)
-        except DatabaseUnavailable:
+        except DatabaseUnavailable as error:
             await _json_error(
                 scope,
                 send,
                 503,
-                "the database did not answer; retry",
+                str(error),  # busy, or not answering: either way, retry
                 "UNAVAILABLE",
                 [(b"retry-after", b"1")],
             )
@@ -223,10 +224,21 @@ class Guard:
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The Origin of browser WebSockets is checked by Strawberry (same origin,
         # or on KEYTURN_ALLOWED_ORIGINS); here we only forget the connection's
-        # token once it ends.
+        # token once it ends, and give back what its large messages grew.
+        largest = 0
+
+        async def measuring() -> Message:
+            nonlocal largest
+            message = await receive()
+            size = len(message.get("text") or message.get("bytes") or "")
+            largest = max(largest, size)
+            return message
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, measuring, send)
         finally:
             auth: Authenticator | None = self.state.get("auth")
             if auth is not None:
                 auth.unwatch(id(scope))
+            if largest >= memory.LARGE_MESSAGE_BYTES:
+                memory.give_back()

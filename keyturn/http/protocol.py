@@ -19,6 +19,7 @@ from typing import Any
 
 from cross_web import AsyncHTTPRequestAdapter, HTTPException
 from graphql import GraphQLError
+from graphql import OperationType as CoreOperation
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -28,21 +29,31 @@ from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
 from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     BaseGraphQLTransportWSHandler,
+    Operation,
 )
-from strawberry.subscriptions.protocols.graphql_transport_ws.types import SubscribeMessage
+from strawberry.subscriptions.protocols.graphql_transport_ws.types import (
+    ErrorMessage,
+    SubscribeMessage,
+)
 from strawberry.types import ExecutionResult
 from strawberry.types.graphql import OperationType
 
+from keyturn.http.fairness import BUSY_ERROR, Shares
 from keyturn.http.media import GRAPHQL_RESPONSE, is_ide_request, response_media_type
 from keyturn.http.persisted import PersistedDocumentError, PersistedDocuments
 from keyturn.resolvers.context import Context
+from keyturn.schema import operation_type
 
 HOW_TO_SUBSCRIBE = (
     "a subscription needs a stream: open a WebSocket to /graphql (subprotocol "
     "graphql-transport-ws), or POST with Accept: multipart/mixed;subscriptionSpec=1.0"
 )
-# Where on_ws_connect leaves the reason a connection is refused, for the close frame.
+# Where on_ws_connect leaves the close code and reason a connection is refused
+# with, for the close frame.
 WS_REFUSAL = "keyturn.ws_refusal"
+# RFC 6455's registered code for a server that cannot serve now: a client
+# (graphql-ws's among them) reconnects later, where 4403 tells it to give up.
+TRY_AGAIN_LATER = 1013
 
 _CODES = {400: "BAD_REQUEST", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
 
@@ -72,9 +83,10 @@ def _is_request_error(result: ExecutionResult) -> bool:
 class _WebSocketAdapter(ASGIWebSocketAdapter):
     async def close(self, code: int, reason: str) -> None:
         # Strawberry closes a refused connection_init with 4403 "Forbidden";
-        # say why when we know (a token without its Bearer scheme, say).
+        # say why when we know (a token without its Bearer scheme, say), or
+        # that the token could not be checked at all (TRY_AGAIN_LATER).
         if code == 4403:
-            reason = self.ws.scope.get("state", {}).pop(WS_REFUSAL, reason)
+            code, reason = self.ws.scope.get("state", {}).pop(WS_REFUSAL, (code, reason))
         await super().close(code, reason)
 
 
@@ -94,12 +106,38 @@ class _TransportWS(BaseGraphQLTransportWSHandler[Context, None]):
             message = {**message, "payload": {**payload, "query": query or ""}}
         await super().handle_subscribe(message)
 
+    async def run_operation(self, operation: Operation[Context, None]) -> None:
+        # A query or mutation holds one of its tenant's slots while it runs,
+        # as an HTTP request does (keyturn.http.fairness); a subscription
+        # waiting for events holds none.
+        shares = getattr(self.view, "shares", None)
+        tenant = self.context.tenant
+        if (
+            shares is None
+            or not tenant
+            or operation_type(operation.query, operation.operation_name)
+            not in (CoreOperation.QUERY, CoreOperation.MUTATION)
+        ):
+            await super().run_operation(operation)
+            return
+        if not await shares.enter(tenant):
+            busy = GraphQLError(BUSY_ERROR["message"], extensions=BUSY_ERROR["extensions"])
+            await operation.send_operation_message(
+                ErrorMessage(id=operation.id, type="error", payload=[busy.formatted])
+            )
+            return
+        try:
+            await super().run_operation(operation)
+        finally:
+            shares.leave(tenant)
+
 
 class GraphQLOverHTTP(GraphQL[Context, None]):
     websocket_adapter_class = _WebSocketAdapter
     graphql_transport_ws_handler_class = _TransportWS
 
     documents: PersistedDocuments
+    shares: Shares | None = None  # per-tenant slots, shared with keyturn.http.fairness
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -14,7 +14,7 @@ from keyturn.db.admission import Expiry, KeyState
 from keyturn.db.engine import Engine, connect
 from keyturn.db.records import TurnRecord
 from keyturn.domain import History, Multitask
-from keyturn.errors import DatabaseUnavailable, OutcomeUnknown
+from keyturn.errors import DatabaseBusy, DatabaseUnavailable, OutcomeUnknown
 from keyturn.runtime.stats import NoStats, Stats
 from keyturn.runtime.validation import TurnRequest, fingerprint
 
@@ -169,6 +169,8 @@ async def _admit(
                 if multitask is Multitask.REJECT and _answer(winner, fp) is None
                 else None
             )
+    except DatabaseBusy:
+        raise  # refused before anything committed (keyturn.db.failures.is_busy)
     except DatabaseUnavailable:
         if not writing:
             raise  # nothing was sent that could have written: plainly retryable

@@ -7,7 +7,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import strawberry
-from graphql import ASTValidationRule, DocumentNode, GraphQLError, GraphQLSchema, parse
+from graphql import (
+    ASTValidationRule,
+    DocumentNode,
+    GraphQLError,
+    GraphQLSchema,
+    OperationType,
+    get_operation_ast,
+    parse,
+)
 from strawberry.extensions import DisableIntrospection, SchemaExtension
 from strawberry.extensions.max_aliases import create_validator as alias_rule
 from strawberry.extensions.query_depth_limiter import create_validator as depth_rule
@@ -15,6 +23,7 @@ from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext, vali
 from strawberry.types import ExecutionContext
 
 from keyturn.errors import ResponseTooLarge
+from keyturn.schema import budget
 from keyturn.schema.cost import cost_rule
 from keyturn.schema.errors import PublicErrors, log_unexpected
 from keyturn.schema.execution import FastLists
@@ -49,6 +58,17 @@ DOCUMENT_CACHE = 1024
 @functools.lru_cache(maxsize=DOCUMENT_CACHE)
 def _parse(text: str) -> DocumentNode:
     return parse(text, max_tokens=MAX_TOKENS)
+
+
+def operation_type(text: str, operation_name: str | None) -> OperationType | None:
+    """Which kind of operation ``text`` asks to run, from the same parse the
+    operation itself will use; None when it does not parse or names no
+    operation (its execution then answers why)."""
+    try:
+        operation = get_operation_ast(_parse(text), operation_name)
+    except GraphQLError:
+        return None
+    return operation.operation if operation is not None else None
 
 
 class _Keyed:
@@ -86,11 +106,11 @@ class RequestLimits(SchemaExtension):
     def __init__(self, rules: tuple[type[ASTValidationRule], ...]) -> None:
         self.rules = rules
         self.parsed: str | None = None  # the text this operation's document came from
+        self.budget: budget.Budget | None = None  # this operation's, once it starts
 
     def on_operation(self) -> Iterator[None]:
-        context = self.execution_context.context
-        context.response_bytes = 0
-        context.response_too_large = False
+        limit = self.execution_context.context.limits.max_response_bytes
+        self.budget = budget.start(limit)
         yield
 
     def on_parse(self) -> Iterator[None]:
@@ -119,10 +139,9 @@ class RequestLimits(SchemaExtension):
 
     def on_execute(self) -> Iterator[None]:
         yield
-        context = self.execution_context.context
         result = self.execution_context.result
-        if context.response_too_large and result is not None:
-            limit = context.limits.max_response_bytes
+        if self.budget is not None and self.budget.exceeded and result is not None:
+            limit = self.budget.limit
             error = ResponseTooLarge(limit)
             result.data = None
             result.errors = [
@@ -152,4 +171,4 @@ def build_schema(
 
 schema = build_schema()
 
-__all__ = ["Event", "Session", "Turn", "build_schema", "schema"]
+__all__ = ["Event", "Session", "Turn", "build_schema", "operation_type", "schema"]

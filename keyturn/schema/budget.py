@@ -9,11 +9,17 @@ Once past the limit each further large field fails at once, nothing more is
 read, and :class:`keyturn.schema.RequestLimits` answers the one
 RESPONSE_TOO_LARGE error. A subscription's events are messages of their own,
 each bounded by the cost rule: they are not added up.
+
+Each operation has its own :class:`Budget`, in a context variable set when
+it starts: the operations of one WebSocket share one GraphQL context, and
+run at once, but one's answer never spends another's budget.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from graphql import OperationType
@@ -37,24 +43,62 @@ def size(value: Any) -> int:
     return 8
 
 
-def _charge(info: Info[Any, Any], value: Any) -> None:
+@dataclass(slots=True)
+class Budget:
+    """What one operation's large fields have put in its answer so far, in bytes."""
+
+    limit: int
+    spent: int = 0
+    exceeded: bool = False
+
+    def check(self) -> None:
+        """Once past the limit, every further large field fails before it is read."""
+        if self.exceeded:
+            raise ResponseTooLarge(self.limit)
+
+    def charge(self, value: Any) -> None:
+        self.check()
+        self.spent += size(value)
+        if self.spent > self.limit:
+            self.exceeded = True
+            raise ResponseTooLarge(self.limit)
+
+
+# The running operation's budget: a task and the tasks it starts (graphql-core
+# gathers fields in tasks) see the one its operation set.
+_BUDGET: ContextVar[Budget | None] = ContextVar("keyturn_response_budget", default=None)
+
+
+def start(limit: int) -> Budget:
+    """A new budget for the operation starting in this task."""
+    budget = Budget(limit)
+    _BUDGET.set(budget)
+    return budget
+
+
+def running() -> Budget | None:
+    """The budget of the operation running in this task, if one is."""
+    return _BUDGET.get()
+
+
+def current(info: Info[Any, Any]) -> Budget | None:
+    """The budget a large field of this operation charges; None for a
+    subscription's events (or outside an operation)."""
     if info.operation.operation is OperationType.SUBSCRIPTION:
-        return
-    context = info.context
-    context.response_bytes += size(value)
-    if context.response_bytes > context.limits.max_response_bytes:
-        context.response_too_large = True
-        raise ResponseTooLarge(context.limits.max_response_bytes)
+        return None
+    return _BUDGET.get()
 
 
 class CountsTowardResponse(FieldExtension):
     def resolve(
         self, next_: Callable[..., Any], source: Any, info: Info[Any, Any], **kwargs: Any
     ) -> Any:
-        if info.context.response_too_large:
-            raise ResponseTooLarge(info.context.limits.max_response_bytes)
+        budget = current(info)
+        if budget is None:
+            return next_(source, info, **kwargs)
+        budget.check()
         value = next_(source, info, **kwargs)
-        _charge(info, value)
+        budget.charge(value)
         return value
 
     async def resolve_async(
@@ -64,10 +108,12 @@ class CountsTowardResponse(FieldExtension):
         info: Info[Any, Any],
         **kwargs: Any,
     ) -> Any:
-        if info.context.response_too_large:
-            raise ResponseTooLarge(info.context.limits.max_response_bytes)
+        budget = current(info)
+        if budget is None:
+            return await next_(source, info, **kwargs)
+        budget.check()
         value = await next_(source, info, **kwargs)
-        _charge(info, value)
+        budget.charge(value)
         return value
 
 

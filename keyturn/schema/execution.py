@@ -36,8 +36,8 @@ from graphql.pyutils import Path, Undefined
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.schema.schema_converter import GraphQLCoreConverter
 
-from keyturn.errors import ResponseTooLarge
-from keyturn.schema.budget import CountsTowardResponse, size
+from keyturn.schema.budget import Budget, CountsTowardResponse
+from keyturn.schema.budget import running as current_budget
 
 Build = Callable[[Any], dict[str, Any]]
 
@@ -66,13 +66,14 @@ class FastLists(StrawberryGraphQLCoreExecutionContext):
         if isinstance(items, list):
             plan = self._plan_for(item_type, field_details_list)
             if plan is not None:
-                charged = getattr(self.context_value, "response_bytes", None)
+                spending = self._budget()
+                charged = spending.spent if spending is not None else 0
                 try:
                     return [plan(item) for item in items]
                 except _Unfit:
                     # graphql-core's path charges the large fields again.
-                    if charged is not None:
-                        self.context_value.response_bytes = charged
+                    if spending is not None:
+                        spending.spent = charged
         return super().complete_iterable_value(
             item_type, field_details_list, info, path, items, position_context
         )
@@ -189,19 +190,14 @@ class FastLists(StrawberryGraphQLCoreExecutionContext):
 
         return obj
 
-    def _charger(self) -> Callable[[Any], None] | None:
-        """What CountsTowardResponse does around a large field's value."""
+    def _budget(self) -> Budget | None:
+        """The operation's response budget (keyturn.schema.budget); None for
+        a subscription's events."""
         if self.operation.operation is OperationType.SUBSCRIPTION:
             return None
-        context = self.context_value
-        limit = context.limits.max_response_bytes
+        return current_budget()
 
-        def charge(value: Any) -> None:
-            if context.response_too_large:
-                raise ResponseTooLarge(limit)
-            context.response_bytes += size(value)
-            if context.response_bytes > limit:
-                context.response_too_large = True
-                raise ResponseTooLarge(limit)
-
-        return charge
+    def _charger(self) -> Callable[[Any], None] | None:
+        """What CountsTowardResponse does around a large field's value."""
+        spending = self._budget()
+        return spending.charge if spending is not None else None

@@ -129,7 +129,10 @@ def test_ctrl_c_while_starting_stops_quietly(fresh_data_dir: Path, command: list
     assert interrupted >= 1
 
 
-def test_a_lease_renewed_no_more_often_than_it_expires_refuses_to_serve(tmp_path: Path) -> None:
+@pytest.mark.parametrize("renew", ["10", "5"])  # past the lease, and equal to it
+def test_a_lease_renewed_no_more_often_than_it_expires_refuses_to_serve(
+    tmp_path: Path, renew: str
+) -> None:
     """It would interrupt every turn: refused before anything starts (no
     embedded database is created), with the line `keyturn doctor` prints."""
     result = keyturn(
@@ -137,11 +140,11 @@ def test_a_lease_renewed_no_more_often_than_it_expires_refuses_to_serve(tmp_path
         "--port",
         str(free_port()),
         cwd=tmp_path,
-        KEYTURN_LEASE_RENEW_S="10",
+        KEYTURN_LEASE_RENEW_S=renew,
         KEYTURN_LEASE_TTL_S="5",
     )
     line = one_clean_line(result)
-    assert "KEYTURN_LEASE_RENEW_S (10.0) must be below KEYTURN_LEASE_TTL_S (5.0)" in line
+    assert f"KEYTURN_LEASE_RENEW_S ({float(renew)}) must be below KEYTURN_LEASE_TTL_S (5.0)" in line
     assert not (tmp_path / ".keyturn").exists()
 
 

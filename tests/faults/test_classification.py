@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from keyturn.db.failures import is_unavailable
+from keyturn.db.failures import is_busy, is_unavailable
 
 
 @pytest.mark.parametrize(
@@ -18,6 +18,9 @@ from keyturn.db.failures import is_unavailable
         asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed"),
         asyncpg.exceptions.InternalClientError("cannot switch to state 12"),
         ConnectionResetError(),
+        # The database busy: statement_timeout (or an operator's cancel), lock_timeout.
+        asyncpg.exceptions.QueryCanceledError("canceling statement due to statement timeout"),
+        asyncpg.exceptions.LockNotAvailableError("canceling statement due to lock timeout"),
     ],
 )
 def test_transient_failures_are_retryable(error: BaseException) -> None:
@@ -34,3 +37,17 @@ def test_transient_failures_are_retryable(error: BaseException) -> None:
 )
 def test_errors_of_the_request_or_the_code_are_not(error: BaseException) -> None:
     assert not is_unavailable(error)
+
+
+@pytest.mark.parametrize(
+    ("error", "busy"),
+    [
+        (asyncpg.exceptions.QueryCanceledError("statement timeout"), True),
+        (asyncpg.exceptions.LockNotAvailableError("lock timeout"), True),
+        (asyncpg.exceptions.AdminShutdownError("terminating connection"), False),
+        (ConnectionResetError(), False),
+    ],
+)
+def test_timeouts_are_busy_and_lost_connections_are_not(error: BaseException, busy: bool) -> None:
+    # Busy means "nothing committed": admission answers it without a re-read.
+    assert is_busy(error) is busy

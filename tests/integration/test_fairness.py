@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import orjson
+from websockets.asyncio.client import connect as ws_connect
 
 from keyturn.runtime.auth import create_token
 from tests import figures
@@ -104,6 +106,138 @@ async def test_one_tenants_flood_does_not_starve_another(database_url: str, db: 
             assert len(ran) == 2
             for response in ran:
                 assert response.json() == {"data": {"session": {"events": {"totalCount": 0}}}}
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+
+class Socket:
+    """One graphql-transport-ws connection of one tenant, its answers by operation id."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.answers: dict[str, list[dict[str, Any]]] = {}
+        self.ended: dict[str, str] = {}  # id → "complete" or "error"
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for raw in self.ws:
+            message = orjson.loads(raw)
+            if "id" in message:
+                self.answers.setdefault(message["id"], []).append(message)
+                if message["type"] in ("complete", "error"):
+                    self.ended[message["id"]] = message["type"]
+
+    async def send(self, id: str, query: str, variables: dict[str, Any]) -> None:
+        payload = {"query": query, "variables": variables}
+        await self.ws.send(
+            orjson.dumps({"id": id, "type": "subscribe", "payload": payload}).decode()
+        )
+
+    async def until_ended(self, n: int, within: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while len(self.ended) < n:
+            assert loop.time() < deadline, f"{len(self.ended)} of {n} ended: {self.answers}"
+            await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def socket_of(url: str, token: str) -> AsyncIterator[Socket]:
+    async with ws_connect(url, subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
+        await ws.send(orjson.dumps(init).decode())
+        assert orjson.loads(await asyncio.wait_for(ws.recv(), 10)) == {"type": "connection_ack"}
+        socket = Socket(ws)
+        try:
+            yield socket
+        finally:
+            socket._reader.cancel()
+
+
+SESSION_EVENTS = "subscription($s: ID!) { sessionEvents(sessionId: $s) { seq } }"
+
+
+async def test_a_flood_over_one_websocket_counts_against_the_same_limit(
+    database_url: str, db: Any
+) -> None:
+    settings = fast_settings(pool_size=4, tenant_max_concurrent=2, pool_timeout_s=1.0)
+    async with serve_in_process(database_url, settings) as server:
+        engine = server.app.state.runtime.engine
+        a_token = await create_token(engine, name="a")
+        b_token = await create_token(engine, name="b")
+        a = httpx.AsyncClient(
+            base_url=server.url, timeout=30, headers={"authorization": f"Bearer {a_token}"}
+        )
+        b = httpx.AsyncClient(
+            base_url=server.url, timeout=30, headers={"authorization": f"Bearer {b_token}"}
+        )
+        try:
+            sessions = []
+            for http in (a, b):
+                made = await http.post(
+                    "/graphql", json={"query": "mutation { createSession { id } }"}
+                )
+                sessions.append(made.json()["data"]["createSession"]["id"])
+            a_session, b_session = sessions
+
+            async with socket_of(server.ws_url, a_token) as flood:
+                # Subscriptions waiting for events hold no slot: with three of
+                # them open, tenant a's two slots are still free.
+                for n in range(3):
+                    await flood.send(f"sub{n}", SESSION_EVENTS, {"s": a_session})
+                await asyncio.sleep(0.3)
+                quick = await a.post(
+                    "/graphql", json={"query": QUICK_READ, "variables": {"id": a_session}}
+                )
+                assert quick.json() == {"data": {"session": {"id": a_session}}}, quick.text
+
+                async with events_locked(db):
+                    for n in range(6):
+                        await flood.send(f"q{n}", SLOW_READ, {"id": a_session})
+                    # Two run and hold their connections; the other four wait
+                    # their turn, briefly, and are turned away with the typed
+                    # busy answer, never having run.
+                    await flood.until_ended(4, within=15)
+                    assert set(flood.ended.values()) == {"error"}, flood.answers
+                    for id in flood.ended:
+                        [message] = flood.answers[id]
+                        [error] = message["payload"]
+                        assert error["extensions"] == {"code": "UNAVAILABLE", "retryable": True}
+                    # Over HTTP the same tenant finds its slots taken by the socket.
+                    over_http = await a.post(
+                        "/graphql", json={"query": QUICK_READ, "variables": {"id": a_session}}
+                    )
+                    assert over_http.status_code == 503, over_http.text
+
+                    # Another tenant, meanwhile: a prompt and correct answer.
+                    figures.add("attack queries tried", 6)
+                    probe_started = time.monotonic()
+                    answer = await asyncio.wait_for(
+                        b.post(
+                            "/graphql", json={"query": QUICK_READ, "variables": {"id": b_session}}
+                        ),
+                        5,
+                    )
+                    figures.worst(
+                        "another tenant's probe under a flood, latency",
+                        (time.monotonic() - probe_started) * 1000,
+                        "ms",
+                    )
+                    assert answer.status_code == 200, answer.text
+                    assert answer.json() == {"data": {"session": {"id": b_session}}}
+                    assert len(flood.ended) == 4
+
+                # The two that ran answer once their reads can go on.
+                await flood.until_ended(6, within=15)
+                ran = [id for id, how in flood.ended.items() if how == "complete"]
+                assert len(ran) == 2, flood.answers
+                for id in ran:
+                    assert flood.answers[id][0] == {
+                        "id": id,
+                        "type": "next",
+                        "payload": {"data": {"session": {"events": {"totalCount": 0}}}},
+                    }
         finally:
             await a.aclose()
             await b.aclose()

@@ -12,9 +12,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
 
+from keyturn.db.engine import connect, create_engine
 from keyturn.runtime.auth import create_token
 from tests import figures
 from tests.support import GraphQLClient, fast_settings, new_key, serve_in_process
@@ -84,6 +88,7 @@ async def test_an_exhausted_pool_answers_unavailable_not_a_masked_error(
             body = response.json()
             assert body["errors"][0]["extensions"] == UNAVAILABLE, body
             assert "Unexpected error." not in response.text
+            assert "busy" in body["errors"][0]["message"], body
             assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
             # Once connections are back, the same request answers.
             again = await http.post(
@@ -112,3 +117,122 @@ async def test_the_token_check_answers_503_when_the_pool_is_exhausted(
             assert response.headers["retry-after"]
             assert await db.fetchval("SELECT count(*) FROM sessions") == 1  # the first one only
             assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+@contextlib.asynccontextmanager
+async def events_locked(db: Any) -> AsyncIterator[None]:
+    """Every statement that touches the events table waits until the end."""
+    transaction = db.transaction()
+    await transaction.start()
+    try:
+        await db.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+        yield
+    finally:
+        await transaction.rollback()
+
+
+@pytest.mark.parametrize("setting", ["statement_timeout", "lock_timeout"])
+async def test_statement_and_lock_timeouts_answer_unavailable(
+    database_url: str, db: Any, caplog: pytest.LogCaptureFixture, setting: str
+) -> None:
+    # The operator's timeout, on every connection of the server (libpq's options).
+    url = f"{database_url}?options=-c%20{setting}%3D300"
+    async with serve_in_process(url, fast_settings()) as server:
+        client = GraphQLClient(server.url)
+        try:
+            sid = await client.create_session()
+            read = {
+                "query": "query($id: ID!) { session(id: $id) { events(first: 1) { totalCount } } }",
+                "variables": {"id": sid},
+            }
+            with caplog.at_level(logging.INFO):
+                async with events_locked(db):
+                    # A read (SQLSTATE 57014 or 55P03 past the timeout) and a
+                    # write, whose turn.started event waits for the same lock.
+                    answer = await client.http.post("/graphql", json=read)
+                    submitted = await client.raw(
+                        "mutation($i: SubmitTurnInput!) { submitTurn(input: $i) { __typename } }",
+                        {"i": {"sessionId": sid, "idempotencyKey": "k1", "input": "hello"}},
+                    )
+            for body in (answer.json(), submitted):
+                assert body.get("data") in (None, {"session": None}, {"submitTurn": None}), body
+                [error] = body["errors"]
+                assert error["extensions"] == UNAVAILABLE, body
+                assert "busy" in error["message"], body
+            assert "Unexpected error." not in answer.text
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+            assert "SELECT" not in caplog.text and "INSERT" not in caplog.text, caplog.text
+            # Nothing of the refused submission was written; once the lock is
+            # gone the same requests answer.
+            assert await db.fetchval("SELECT count(*) FROM turns") == 0
+            again = await client.http.post("/graphql", json=read)
+            assert again.json() == {"data": {"session": {"events": {"totalCount": 0}}}}
+            admitted = await client.submit(sid, "k1", "hello")
+            assert admitted["__typename"] == "TurnAccepted", admitted
+        finally:
+            await client.close()
+
+
+async def test_a_cancel_keyturn_issues_is_not_taken_for_a_busy_database(database_url: str) -> None:
+    engine = create_engine(database_url, pool_size=1, pool_timeout=5)
+    try:
+        started = asyncio.Event()
+
+        async def sleeper() -> None:
+            async with connect(engine) as conn:
+                started.set()
+                await conn.driver.execute("SELECT pg_sleep(30)")
+
+        task = asyncio.create_task(sleeper())
+        await started.wait()
+        await asyncio.sleep(0.2)  # the statement is running on the server
+        task.cancel()
+        # The server answers asyncpg's cancel with 57014; the task sees its own
+        # cancellation, never DatabaseBusy.
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # And the cancel reaches no later statement on the pool's one connection.
+        for _ in range(3):
+            async with connect(engine) as conn:
+                assert await conn.driver.fetchval("SELECT 1") == 1
+    finally:
+        await engine.dispose()
+
+
+async def test_the_websocket_token_check_answers_try_again_later_when_the_pool_is_exhausted(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = fast_settings(pool_size=2, pool_timeout_s=0.5, auth_recheck_s=0.1)
+    async with serve_in_process(database_url, settings) as server:
+        engine = server.app.state.runtime.engine
+        token = await create_token(engine, name="alice")
+
+        async def connection_init() -> tuple[int | None, str]:
+            async with ws_connect(
+                server.ws_url,
+                subprotocols=["graphql-transport-ws"],  # type: ignore[list-item]
+            ) as ws:
+                await ws.send(
+                    orjson.dumps(
+                        {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
+                    ).decode()
+                )
+                try:
+                    message = await asyncio.wait_for(ws.recv(), 10)
+                except ConnectionClosed as closed:
+                    assert closed.rcvd is not None, "the connection was dropped, not closed"
+                    return closed.rcvd.code, closed.rcvd.reason
+                return None, str(message)
+
+        assert (await connection_init())[1] == '{"type":"connection_ack"}'
+        await asyncio.sleep(0.3)  # past the token cache: the check asks the database
+        with caplog.at_level(logging.INFO):
+            async with every_connection_of(engine):
+                code, reason = await connection_init()
+        # 1013 Try Again Later (RFC 6455's registry): the service, not the
+        # token, is the problem, and graphql-ws clients reconnect on it.
+        assert code == 1013, (code, reason)
+        assert "busy" in reason and "retry" in reason, reason
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+        # Once connections are back, the same token is acknowledged.
+        assert (await connection_init())[1] == '{"type":"connection_ack"}'
