@@ -113,6 +113,38 @@ _TURNS_BEFORE_BATCH = Statement(
 _EVENTS_OF_TURNS = Statement(
     f"SELECT {_EVENT_COLUMNS} FROM events WHERE turn_id = ANY(:ids) ORDER BY turn_id, seq"
 )
+# A page of events per session, for a page of sessions: the window of
+# _RAW_EVENTS_AFTER/_RAW_EVENTS_BEFORE taken per session (each one an ordered
+# range of the session's seq index). A session with no events has no row: its
+# count is its own event_seq, already read with it.
+_EVENT_PAGES = (
+    "SELECT e.* FROM unnest(CAST(:ids AS uuid[])) AS s(id) "
+    f"CROSS JOIN LATERAL (SELECT {_RAW_EVENT_COLUMNS} FROM events "
+    "WHERE session_id = s.id AND {window} ORDER BY {order} LIMIT :limit) e "
+    "ORDER BY e.session_id, e.{order}"
+)
+_RAW_EVENTS_AFTER_BATCH = Statement(_EVENT_PAGES.format(window="seq > :after", order="seq"))
+_RAW_EVENTS_BEFORE_BATCH = Statement(_EVENT_PAGES.format(window="seq < :before", order="seq DESC"))
+# A turn's events from seq ``after`` on, for a page of turns (Turn.events
+# with first/afterSeq): one ordered range of the turn's index per turn.
+_TURN_EVENT_PAGES = Statement(
+    "SELECT e.* FROM unnest(CAST(:ids AS uuid[])) AS t(id) "
+    f"CROSS JOIN LATERAL (SELECT {_EVENT_COLUMNS} FROM events "
+    "WHERE turn_id = t.id AND seq > :after ORDER BY seq LIMIT :limit) e "
+    "ORDER BY e.turn_id, e.seq"
+)
+# Query.nodes: every id of one kind in one statement, under the caller's tenant.
+_SESSIONS_BY_ID = Statement(
+    f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ANY(:ids) AND tenant = :tenant"
+)
+_TURNS_BY_ID = Statement(
+    f"SELECT {columns(Turn, alias='t')} FROM turns t JOIN sessions s ON s.id = t.session_id "
+    "WHERE t.id = ANY(:ids) AND s.tenant = :tenant"
+)
+_EVENTS_BY_ID = Statement(
+    f"SELECT {columns(Event, alias='e')} FROM events e JOIN sessions s ON s.id = e.session_id "
+    "WHERE e.id = ANY(CAST(:ids AS bigint[])) AND s.tenant = :tenant"
+)
 
 
 async def create_session(
@@ -274,6 +306,68 @@ async def events_of_turns(
     for r in await _EVENTS_OF_TURNS.fetch(conn, ids=ids):
         found[r["turn_id"]].append(event_from(r))
     return found
+
+
+async def turn_event_pages(
+    conn: Conn, *, turn_ids: Sequence[uuid.UUID], after: int, limit: int
+) -> dict[uuid.UUID, list[EventRecord]]:
+    """Per turn: up to ``limit`` of its events with seq above ``after``, in seq order."""
+    ids = list(dict.fromkeys(turn_ids))
+    found: dict[uuid.UUID, list[EventRecord]] = {tid: [] for tid in ids}
+    for r in await _TURN_EVENT_PAGES.fetch(conn, ids=ids, after=after, limit=limit):
+        found[r["turn_id"]].append(event_from(r))
+    return found
+
+
+def _event_pages(
+    rows: Sequence[Row], session_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, list[EventRecord]]:
+    found: dict[uuid.UUID, list[EventRecord]] = {sid: [] for sid in session_ids}
+    for r in rows:
+        found[r["session_id"]].append(_raw_event(r))
+    return found
+
+
+async def events_after_batch(
+    conn: Conn, *, session_ids: Sequence[uuid.UUID], after: int, limit: int
+) -> dict[uuid.UUID, list[EventRecord]]:
+    """Per session: ``events_after`` with ``raw_data``, for all of them in one statement."""
+    ids = list(dict.fromkeys(session_ids))
+    rows = await _RAW_EVENTS_AFTER_BATCH.fetch(conn, ids=ids, after=after, limit=limit)
+    return _event_pages(rows, ids)
+
+
+async def events_before_batch(
+    conn: Conn, *, session_ids: Sequence[uuid.UUID], before: int, limit: int
+) -> dict[uuid.UUID, list[EventRecord]]:
+    """Per session: ``events_before`` with ``raw_data`` (latest first), in one statement."""
+    ids = list(dict.fromkeys(session_ids))
+    rows = await _RAW_EVENTS_BEFORE_BATCH.fetch(conn, ids=ids, before=before, limit=limit)
+    return _event_pages(rows, ids)
+
+
+async def sessions_by_id(
+    conn: Conn, *, tenant: str, session_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, SessionRecord]:
+    """The tenant's sessions among ``session_ids`` (others are absent)."""
+    rows = await _SESSIONS_BY_ID.fetch(conn, ids=list(session_ids), tenant=tenant)
+    return {r["id"]: session_from(r) for r in rows}
+
+
+async def turns_by_id(
+    conn: Conn, *, tenant: str, turn_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, TurnRecord]:
+    """The tenant's turns among ``turn_ids`` (others are absent)."""
+    rows = await _TURNS_BY_ID.fetch(conn, ids=list(turn_ids), tenant=tenant)
+    return {r["id"]: turn_from(r) for r in rows}
+
+
+async def events_by_id(
+    conn: Conn, *, tenant: str, event_ids: Sequence[int]
+) -> dict[int, EventRecord]:
+    """The tenant's events among ``event_ids`` (others are absent)."""
+    rows = await _EVENTS_BY_ID.fetch(conn, ids=list(event_ids), tenant=tenant)
+    return {r["id"]: event_from(r) for r in rows}
 
 
 async def session_seqs(conn: Conn, *, session_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:

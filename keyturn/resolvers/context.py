@@ -40,6 +40,25 @@ class TurnPageKey:
 TurnPage = tuple[list[TurnRecord], int]  # the rows, and the session's count of turns
 
 
+@dataclass(frozen=True, slots=True)
+class EventPageKey:
+    """One session's page of events: the window of keyturn.resolvers.sessions."""
+
+    session_id: uuid.UUID
+    backward: bool
+    cursor: int  # after (forward) or before (backward)
+    limit: int  # rows to read: the page's size plus one, to tell whether there is more
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEventsKey:
+    """A turn's events from seq ``after`` on: ``limit`` of them, or all (None)."""
+
+    turn_id: uuid.UUID
+    after: int = 0
+    limit: int | None = None
+
+
 class Loaders:
     """Batches the reads a page of sessions or turns makes for each of its
     rows: every session's turns, every turn's events (and, from them, its
@@ -56,7 +75,10 @@ class Loaders:
         self.turn_pages: DataLoader[TurnPageKey, TurnPage] = DataLoader(
             self._turn_pages, cache=False
         )
-        self.turn_events: DataLoader[uuid.UUID, list[EventRecord]] = DataLoader(
+        self.session_events: DataLoader[EventPageKey, list[EventRecord]] = DataLoader(
+            self._session_events, cache=False
+        )
+        self.turn_events: DataLoader[TurnEventsKey, list[EventRecord]] = DataLoader(
             self._turn_events, cache=False
         )
 
@@ -79,9 +101,60 @@ class Loaders:
                 found[TurnPageKey(sid, backward, cursor, limit)] = page
         return [found[key] for key in keys]
 
-    async def _turn_events(self, turn_ids: list[uuid.UUID]) -> list[list[EventRecord]]:
-        found = await self._reads.events_of_turns(turn_ids)
-        return [found[tid] for tid in turn_ids]
+    async def _session_events(self, keys: list[EventPageKey]) -> list[list[EventRecord]]:
+        # As for turns: one statement per window; a window asked for by one
+        # session alone (Query.session) reads it with the single-session statement.
+        windows: dict[tuple[bool, int, int], list[uuid.UUID]] = defaultdict(list)
+        for key in keys:
+            windows[(key.backward, key.cursor, key.limit)].append(key.session_id)
+        found: dict[EventPageKey, list[EventRecord]] = {}
+        for (backward, cursor, limit), session_ids in windows.items():
+            pages: dict[uuid.UUID, list[EventRecord]]
+            if len(set(session_ids)) == 1:
+                [sid] = set(session_ids)
+                if backward:
+                    rows = await self._reads.events_before(
+                        session_id=sid, before=cursor, limit=limit
+                    )
+                else:
+                    rows = await self._reads.events(session_id=sid, after=cursor, limit=limit)
+                pages = {sid: rows}
+            elif backward:
+                pages = await self._reads.events_before_batch(
+                    session_ids=session_ids, before=cursor, limit=limit
+                )
+            else:
+                pages = await self._reads.events_batch(
+                    session_ids=session_ids, after=cursor, limit=limit
+                )
+            for sid, page in pages.items():
+                found[EventPageKey(sid, backward, cursor, limit)] = page
+        return [found[key] for key in keys]
+
+    async def _turn_events(self, keys: list[TurnEventsKey]) -> list[list[EventRecord]]:
+        # Every event of the turns that need them all (Turn.toolCalls, an
+        # unpaged Turn.events) in one statement; a page of a turn asked for in
+        # the same batch is cut from them, any other page read per window.
+        whole = list(dict.fromkeys(k.turn_id for k in keys if k.limit is None))
+        full = await self._reads.events_of_turns(whole) if whole else {}
+        windows: dict[tuple[int, int], list[uuid.UUID]] = defaultdict(list)
+        for key in keys:
+            if key.limit is not None and key.turn_id not in full:
+                windows[(key.after, key.limit)].append(key.turn_id)
+        pages: dict[tuple[uuid.UUID, int, int], list[EventRecord]] = {}
+        for (after, limit), turn_ids in windows.items():
+            got = await self._reads.turn_event_pages(turn_ids, after=after, limit=limit)
+            for tid, rows in got.items():
+                pages[(tid, after, limit)] = rows
+
+        def answer(key: TurnEventsKey) -> list[EventRecord]:
+            if key.limit is None:
+                return full[key.turn_id]
+            if key.turn_id in full:
+                return [e for e in full[key.turn_id] if e.seq > key.after][: key.limit]
+            return pages[(key.turn_id, key.after, key.limit)]
+
+        return [answer(key) for key in keys]
 
 
 @dataclass
@@ -95,10 +168,9 @@ class Context:
     connection_params: dict[str, Any] | None = None
     limits: QueryLimits = field(default_factory=QueryLimits)
     loaders: Loaders = field(init=False)
-    # What the operation's large fields have put in its answer so far, in
-    # bytes (keyturn.schema.budget); reset when an operation starts.
-    response_bytes: int = 0
-    response_too_large: bool = False
+    # How much of its answer's budget an operation has spent is kept per
+    # operation (keyturn.schema.budget), not here: one WebSocket's
+    # operations share this context.
 
     def __post_init__(self) -> None:
         self.loaders = Loaders(self.runtime.reads)

@@ -8,6 +8,7 @@ another tenant's id reads as null.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 
 from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
@@ -19,22 +20,29 @@ from keyturn.resolvers.sessions import parse_id
 NodeRecord = SessionRecord | TurnRecord | EventRecord
 
 
-async def node(ctx: Context, *, id: str) -> NodeRecord | None:
+def _parse(id: str) -> uuid.UUID | int | None:
+    """An event's number, a session's or turn's UUID, or None for an id that cannot exist."""
     if id.isdigit():
         number = int(id)
-        if number >= 2**63:
-            return None  # beyond any event's id
-        return await ctx.runtime.reads.event(number, tenant=ctx.tenant)
-    uid = parse_id(id)
-    if uid is None:
-        return None
-    found: NodeRecord | None = await ctx.runtime.reads.session(uid, tenant=ctx.tenant)
-    if found is None:
-        found = await ctx.runtime.reads.turn(uid, tenant=ctx.tenant)
+        return number if number < 2**63 else None  # beyond any event's id
+    return parse_id(id)
+
+
+async def node(ctx: Context, *, id: str) -> NodeRecord | None:
+    [found] = await nodes(ctx, ids=[id])
     return found
 
 
 async def nodes(ctx: Context, *, ids: Sequence[str]) -> list[NodeRecord | None]:
+    """In the order asked, null for an unknown or another tenant's id: one
+    statement per kind of id (sessions, then turns among the UUIDs that are
+    no session, events), not one per id."""
     if len(ids) > MAX_FIRST:
         raise InvalidArgument(f"ids must name at most {MAX_FIRST} objects (got {len(ids)})")
-    return [await node(ctx, id=i) for i in ids]
+    parsed = [_parse(i) for i in ids]
+    uuids = list(dict.fromkeys(p for p in parsed if isinstance(p, uuid.UUID)))
+    numbers = list(dict.fromkeys(p for p in parsed if isinstance(p, int)))
+    if not uuids and not numbers:
+        return [None for _ in ids]
+    found = await ctx.runtime.reads.nodes(tenant=ctx.tenant, uuids=uuids, numbers=numbers)
+    return [found.get(p) if p is not None else None for p in parsed]

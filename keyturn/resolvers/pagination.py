@@ -13,6 +13,9 @@ from typing import Generic, TypeVar
 from keyturn.errors import InvalidArgument
 
 MAX_FIRST = 100
+# Turn.events without ``first`` answers every event of the turn, up to this
+# many; a turn with more is refused rather than cut short (ask in pages).
+MAX_UNPAGED_TURN_EVENTS = MAX_FIRST
 T = TypeVar("T")
 
 

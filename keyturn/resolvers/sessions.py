@@ -7,7 +7,7 @@ import uuid
 from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
 from keyturn.domain import History, Multitask
 from keyturn.errors import InvalidArgument
-from keyturn.resolvers.context import Context, TurnPageKey
+from keyturn.resolvers.context import Context, EventPageKey, TurnPageKey
 from keyturn.resolvers.pagination import (
     Page,
     check_first,
@@ -120,14 +120,13 @@ async def session_events(
     before: str | None = None,
 ) -> Page[EventRecord]:
     window = seq_window("event", first=first, after=after, last=last, before=before, default=100)
-    reads = ctx.runtime.reads
+    # Through the request's loader: a page of sessions reads all their events at once.
     # seq is gapless, so the session's counter is its number of events.
     if window.backward:
-        rows = await reads.events_before(
-            session_id=session_id,
-            before=_END if window.cursor is None else window.cursor,
-            limit=window.limit + 1,
+        key = EventPageKey(
+            session_id, True, _END if window.cursor is None else window.cursor, window.limit + 1
         )
+        rows = await ctx.loaders.session_events.load(key)
         items = rows[: window.limit][::-1]
         return Page(
             items,
@@ -136,9 +135,8 @@ async def session_events(
             total=event_count,
             has_previous=len(rows) > window.limit,
         )
-    rows = await reads.events(
-        session_id=session_id, after=window.cursor or 0, limit=window.limit + 1
-    )
+    key = EventPageKey(session_id, False, window.cursor or 0, window.limit + 1)
+    rows = await ctx.loaders.session_events.load(key)
     items = rows[: window.limit]
     return Page(
         items,

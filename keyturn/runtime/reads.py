@@ -92,6 +92,43 @@ class Reads:
                 conn, session_id=session_id, before=before, limit=limit, raw_data=True
             )
 
+    async def events_batch(
+        self, *, session_ids: Sequence[uuid.UUID], after: int, limit: int
+    ) -> dict[uuid.UUID, list[EventRecord]]:
+        """:meth:`events` for many sessions in one statement."""
+        async with connect(self.engine) as conn:
+            return await reads.events_after_batch(
+                conn, session_ids=session_ids, after=after, limit=limit
+            )
+
+    async def events_before_batch(
+        self, *, session_ids: Sequence[uuid.UUID], before: int, limit: int
+    ) -> dict[uuid.UUID, list[EventRecord]]:
+        """:meth:`events_before` for many sessions in one statement."""
+        async with connect(self.engine) as conn:
+            return await reads.events_before_batch(
+                conn, session_ids=session_ids, before=before, limit=limit
+            )
+
+    async def nodes(
+        self, *, tenant: str, uuids: Sequence[uuid.UUID], numbers: Sequence[int]
+    ) -> dict[uuid.UUID | int, SessionRecord | TurnRecord | EventRecord]:
+        """The tenant's sessions and turns among ``uuids`` and its events among
+        ``numbers``, by id (others are absent): one statement per kind asked for."""
+        found: dict[uuid.UUID | int, SessionRecord | TurnRecord | EventRecord] = {}
+        async with connect(self.engine) as conn:
+            if uuids:
+                sessions = await reads.sessions_by_id(conn, tenant=tenant, session_ids=uuids)
+                found.update(sessions.items())
+                rest = [u for u in uuids if u not in sessions]
+                if rest:
+                    turns = await reads.turns_by_id(conn, tenant=tenant, turn_ids=rest)
+                    found.update(turns.items())
+            if numbers:
+                events = await reads.events_by_id(conn, tenant=tenant, event_ids=numbers)
+                found.update(events.items())
+        return found
+
     async def event(self, event_id: int, *, tenant: str) -> EventRecord | None:
         async with connect(self.engine) as conn:
             return await reads.event(conn, tenant=tenant, event_id=event_id)
@@ -106,6 +143,13 @@ class Reads:
         """:meth:`turn_events` for many turns in one statement."""
         async with connect(self.engine) as conn:
             return await reads.events_of_turns(conn, turn_ids=turn_ids)
+
+    async def turn_event_pages(
+        self, turn_ids: Sequence[uuid.UUID], *, after: int, limit: int
+    ) -> dict[uuid.UUID, list[EventRecord]]:
+        """Per turn: up to ``limit`` of its events after seq ``after``, in one statement."""
+        async with connect(self.engine) as conn:
+            return await reads.turn_event_pages(conn, turn_ids=turn_ids, after=after, limit=limit)
 
     async def tool_calls(self, turn_id: uuid.UUID) -> list[ToolCallView]:
         """What the tool ledger establishes about the turn's calls (the turn

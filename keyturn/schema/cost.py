@@ -7,8 +7,10 @@ one of them can be many kilobytes), and a list multiplies what it selects:
 
 * a connection by its page size, ``first`` or ``last``, or the field's
   default page size when neither is given;
-* ``Turn.events`` and ``Turn.toolCalls`` (plain lists, not paged) by a fixed
-  estimate of their length (:data:`LIST_ESTIMATE`);
+* ``Turn.events`` by its ``first``, or without it by the most it answers
+  unpaged (:data:`PAGED_LISTS`: the resolver refuses a turn with more);
+* ``Turn.toolCalls`` (a plain list, not paged) by a fixed estimate of its
+  length (:data:`LIST_ESTIMATE`);
 * ``nodes(ids:)`` by the number of ids.
 
 A value given by a variable (``first: $n``) is not known when a document is
@@ -44,7 +46,7 @@ from graphql import (
     get_nullable_type,
 )
 
-from keyturn.resolvers.pagination import MAX_FIRST
+from keyturn.resolvers.pagination import MAX_FIRST, MAX_UNPAGED_TURN_EVENTS
 
 MAX_PAGE = MAX_FIRST
 LARGE_WEIGHT = 10
@@ -60,8 +62,10 @@ DEFAULT_PAGE = {
     ("Session", "turns"): 20,
     ("Session", "events"): 100,
 }
+# Lists paged by ``first``: without it, the most the resolver answers.
+PAGED_LISTS = {("Turn", "events"): MAX_UNPAGED_TURN_EVENTS}
 # Plain lists: how long they are taken to be.
-LIST_ESTIMATE = {("Turn", "events"): 20, ("Turn", "toolCalls"): 10}
+LIST_ESTIMATE = {("Turn", "toolCalls"): 10}
 
 CODE = "QUERY_TOO_COSTLY"
 
@@ -151,6 +155,9 @@ class _Coster:
                 times = page
             elif key == ("Query", "nodes"):
                 times = _list_length(node)
+            elif key in PAGED_LISTS:
+                size = _int_argument(node, ("first",))
+                times = PAGED_LISTS[key] if size is None else size
             else:
                 times = LIST_ESTIMATE.get(key, MAX_PAGE)
         return times * (weight + self.selection_set(node.selection_set, named, 1, spreading))

@@ -14,7 +14,7 @@ from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
 from keyturn.domain import EventType
 from keyturn.resolvers import sessions as session_resolvers
 from keyturn.resolvers import turns as turn_resolvers
-from keyturn.resolvers.pagination import Page
+from keyturn.resolvers.pagination import MAX_FIRST, MAX_UNPAGED_TURN_EVENTS, Page
 from keyturn.schema.budget import large
 from keyturn.schema.context import Info
 from keyturn.schema.enums import History, Multitask, TurnStatus
@@ -182,9 +182,18 @@ class Turn(Node):
             _record=t,
         )
 
-    @strawberry.field
-    async def events(self, info: Info) -> list[Event]:
-        rows = await turn_resolvers.turn_events(info.context, turn=self._record)
+    @strawberry.field(  # type: ignore[untyped-decorator]
+        description="In seq order, those with seq > afterSeq: `first` of them (at most "
+        f"{MAX_FIRST}), or without `first` all of them, when they are at most "
+        f"{MAX_UNPAGED_TURN_EVENTS} (a turn with more answers BAD_USER_INPUT: page with "
+        "first/afterSeq). Costed by `first`, else by that bound."
+    )
+    async def events(
+        self, info: Info, first: int | None = None, after_seq: int | None = 0
+    ) -> list[Event]:
+        rows = await turn_resolvers.turn_events(
+            info.context, turn=self._record, first=first, after_seq=after_seq
+        )
         return [Event.from_record(e) for e in rows]
 
     @strawberry.field(  # type: ignore[untyped-decorator]

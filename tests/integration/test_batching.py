@@ -128,7 +128,7 @@ async def test_batched_pages_keep_first_after_last_before(
     declared = "$c: String" if "$c" in window else ""
     fields = (
         f"turns({window}) {{ totalCount pageInfo {{ hasNextPage hasPreviousPage startCursor "
-        "endCursor } edges { cursor node { input events { seq } } } }"
+        "endCursor } edges { cursor node { input events(first: 20) { seq } } } }"
     )
     page = await client.execute(
         f"query{f'({declared})' if declared else ''} "
@@ -157,3 +157,152 @@ async def test_batched_pages_keep_first_after_last_before(
         "last: 2, before: $c": ["input 1", "input 2"],
     }[window]
     assert [e["node"]["input"] for e in full["turns"]["edges"]] == expected
+
+
+EVENT_FIELDS = (
+    "totalCount pageInfo { hasNextPage hasPreviousPage startCursor endCursor } "
+    "edges { cursor node { id seq type turnId data } }"
+)
+
+
+async def test_a_page_of_sessions_with_their_events_is_a_few_statements(
+    quiet_server: InProcessServer, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = await arrange(db, 49, 2)
+    await arrange(db, 1, 0)  # a session with no events
+    client = GraphQLClient(quiet_server.url)
+    try:
+        page_query = (
+            "{ sessions(first: 50) { edges { node { id "
+            f"events(first: 5) {{ {EVENT_FIELDS} }} }} }} }} }}"
+        )
+        with counting_statements(monkeypatch) as seen:
+            page = await client.execute(page_query)
+        # The sessions, and one statement for all their pages of events (it
+        # was one per session), besides the server's check for tokens.
+        reads = [text for text in seen if "api_tokens" not in text]
+        assert len(reads) == 2, seen
+
+        sessions = [e["node"] for e in page["sessions"]["edges"]]
+        assert len(sessions) == 50
+        for s in sessions:
+            alone = await client.execute(
+                "query($id: ID!) { session(id: $id) { id "
+                f"events(first: 5) {{ {EVENT_FIELDS} }} }} }}",
+                {"id": s["id"]},
+            )
+            assert alone["session"] == s
+        full = [s for s in sessions if s["id"] in ids]
+        assert all(len(s["events"]["edges"]) == 5 for s in full)
+        assert all(s["events"]["totalCount"] == 8 for s in full)
+        assert all(s["events"]["pageInfo"]["hasNextPage"] for s in full)
+        [empty] = [s for s in sessions if s["id"] not in ids]
+        assert empty["events"]["edges"] == [] and empty["events"]["totalCount"] == 0
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    "window",
+    ["first: 3", "last: 3", "first: 0", "last: 100", "first: 5, after: $c", "last: 2, before: $c"],
+)
+async def test_batched_event_pages_keep_first_after_last_before(
+    server: InProcessServer, client: GraphQLClient, db: Any, window: str
+) -> None:
+    ids = await arrange(db, 3, 2)
+    await arrange(db, 1, 0)
+    fourth = await client.execute(
+        "query($id: ID!) { session(id: $id) { events(first: 4) { pageInfo { endCursor } } } }",
+        {"id": ids[0]},
+    )
+    variables = {"c": fourth["session"]["events"]["pageInfo"]["endCursor"]}
+    declared = "$c: String" if "$c" in window else ""
+    fields = f"events({window}) {{ {EVENT_FIELDS} }}"
+    page = await client.execute(
+        f"query{f'({declared})' if declared else ''} "
+        f"{{ sessions(first: 10) {{ edges {{ node {{ id {fields} }} }} }} }}",
+        variables if declared else {},
+    )
+    sessions = [e["node"] for e in page["sessions"]["edges"]]
+    assert len(sessions) == 4
+    for s in sessions:
+        alone = await client.execute(
+            f"query($id: ID!{', ' + declared if declared else ''}) "
+            f"{{ session(id: $id) {{ id {fields} }} }}",
+            {"id": s["id"], **(variables if declared else {})},
+        )
+        assert alone["session"] == s
+    full = next(s for s in sessions if s["id"] == ids[0])
+    expected = {
+        "first: 3": [1, 2, 3],
+        "last: 3": [6, 7, 8],
+        "first: 0": [],
+        "last: 100": list(range(1, 9)),
+        "first: 5, after: $c": [5, 6, 7, 8],
+        "last: 2, before: $c": [2, 3],
+    }[window]
+    assert [e["node"]["seq"] for e in full["events"]["edges"]] == expected
+
+
+NODE_FIELDS = (
+    "__typename id ... on Session { eventCount } ... on Turn { status input } "
+    "... on Event { seq type data }"
+)
+
+
+async def test_nodes_reads_each_kind_of_id_in_one_statement(
+    quiet_server: InProcessServer, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sessions = await arrange(db, 10, 2)
+    turns = [str(r["id"]) for r in await db.fetch("SELECT id FROM turns ORDER BY admit_seq")]
+    events = [str(r["id"]) for r in await db.fetch("SELECT id FROM events ORDER BY id")]
+    # Another tenant's session, turn and event read as null.
+    foreign = uuid.uuid4()
+    await db.execute(
+        "INSERT INTO sessions (id, tenant, default_history, event_seq) "
+        "VALUES ($1, 'someone else', 'FULL', 1)",
+        foreign,
+    )
+    foreign_turn = uuid.uuid4()
+    await db.execute(
+        "INSERT INTO turns (id, session_id, idempotency_key, input, history, fingerprint, status,"
+        " admit_seq) VALUES ($1, $2, 'k', 'theirs', 'FULL', 'f', 'COMPLETED', 1)",
+        foreign_turn,
+        foreign,
+    )
+    foreign_event = await db.fetchval(
+        "INSERT INTO events (session_id, turn_id, seq, type, data) "
+        "VALUES ($1, $2, 1, 'turn.started', '{}') RETURNING id",
+        foreign,
+        foreign_turn,
+    )
+    unknown = [str(uuid.uuid4()), "not-an-id", "0", "99999999999999999999999", "9223372036854775"]
+    others = [str(foreign), str(foreign_turn), str(foreign_event)]
+    ids = (sessions + turns[:20] + events[:50] + unknown + others + [sessions[0], events[0]])[:100]
+    ids.reverse()  # not the order they were written in
+    assert len(ids) == 90
+    client = GraphQLClient(quiet_server.url)
+    try:
+        with counting_statements(monkeypatch) as seen:
+            body = await client.execute(
+                f"query($ids: [ID!]!) {{ nodes(ids: $ids) {{ {NODE_FIELDS} }} }}", {"ids": ids}
+            )
+        # Sessions, turns, events: one statement each (it was one or two per
+        # id), besides the server's check whether it has tokens at all.
+        reads = [text for text in seen if "api_tokens" not in text]
+        assert len(reads) == 3, seen
+        answers = body["nodes"]
+        assert len(answers) == len(ids)
+        for id_, answer in zip(ids, answers, strict=True):
+            alone = await client.execute(
+                f"query($id: ID!) {{ node(id: $id) {{ {NODE_FIELDS} }} }}", {"id": id_}
+            )
+            assert alone["node"] == answer, id_
+            assert (answer is None) == (id_ in unknown + others), id_
+            if answer is not None:
+                assert answer["id"] == id_
+        kinds = [a["__typename"] for a in answers if a is not None]
+        assert kinds.count("Session") == 11 and kinds.count("Turn") == 20
+        assert kinds.count("Event") == 51
+    finally:
+        await client.close()

@@ -87,6 +87,23 @@ async def test_a_page_of_events_is_a_range_of_the_session_seq_index(
     assert not [n for n in nodes if n["Node Type"] == "Sort"]
 
 
+async def test_pages_of_events_for_a_page_of_sessions_or_turns_are_ranges_of_an_index(
+    db: Any, record: dict[str, Any]
+) -> None:
+    sessions = [r["id"] for r in await db.fetch("SELECT id FROM sessions LIMIT 20")]
+    for stmt, window in (
+        (reads._RAW_EVENTS_AFTER_BATCH, {"after": 1000}),
+        (reads._RAW_EVENTS_BEFORE_BATCH, {"before": 1000}),
+    ):
+        nodes = await _plan(db, stmt, ids=sessions, limit=6, **window)
+        assert ("Index Scan", "events", "uq_events_session_id_seq") in _scans(nodes)
+        _no_seq_scan(nodes)
+    turns = [r["id"] for r in await db.fetch("SELECT id FROM turns LIMIT 20")]
+    nodes = await _plan(db, reads._TURN_EVENT_PAGES, ids=turns, after=0, limit=6)
+    assert ("Index Scan", "events", "ix_events_turn") in _scans(nodes)
+    _no_seq_scan(nodes)
+
+
 async def test_a_page_of_sessions_is_a_range_of_the_tenant_index(
     db: Any, record: dict[str, Any]
 ) -> None:

@@ -108,6 +108,12 @@ class StandInReads:
         self._runtime.called("reads.events_of_turns")
         return {tid: [EVENT] for tid in turn_ids}
 
+    async def turn_event_pages(
+        self, turn_ids: Sequence[uuid.UUID], *, after: int, limit: int
+    ) -> dict[uuid.UUID, list[EventRecord]]:
+        self._runtime.called("reads.turn_event_pages")
+        return {tid: [EVENT][:limit] for tid in turn_ids}
+
     async def events(self, *, session_id: uuid.UUID, after: int, limit: int) -> list[EventRecord]:
         self._runtime.called("reads.events")
         return [EVENT][:limit]
@@ -447,7 +453,7 @@ async def test_a_valid_resolution_reaches_the_runtime() -> None:
 # The deepest document the schema allows: eight fields, seven of them with a
 # selection set (what the depth limit counts).
 DEEPEST = """{ sessions { edges { node {
-  turns { edges { node { events { data } } } } } } } }"""
+  turns { edges { node { events(first: 20) { data } } } } } } } }"""
 DEEPEST_DEPTH = 7
 
 
@@ -458,7 +464,7 @@ async def test_the_deepest_query_the_schema_has_is_within_max_depth() -> None:
     assert "errors" not in body
     turns = body["data"]["sessions"]["edges"][0]["node"]["turns"]
     assert turns["edges"][0]["node"]["events"] == [{"data": {"input": "hello"}}]
-    assert runtime.calls == ["reads.sessions", "reads.turns_batch", "reads.events_of_turns"]
+    assert runtime.calls == ["reads.sessions", "reads.turns_batch", "reads.turn_event_pages"]
 
 
 @pytest.mark.parametrize("limit", [DEEPEST_DEPTH - 1, 3])
