@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from typing import Any
 
 import strawberry
 from graphql import (
     ASTValidationRule,
-    DocumentNode,
     GraphQLError,
-    GraphQLSchema,
     OperationType,
     get_operation_ast,
-    parse,
 )
 from strawberry.extensions import DisableIntrospection, SchemaExtension
 from strawberry.extensions.max_aliases import create_validator as alias_rule
@@ -25,6 +21,8 @@ from strawberry.types import ExecutionContext
 from keyturn.errors import ResponseTooLarge
 from keyturn.schema import budget
 from keyturn.schema.cost import cost_rule
+from keyturn.schema.documents import MAX_TOKENS as MAX_TOKENS
+from keyturn.schema.documents import DocumentCache
 from keyturn.schema.errors import PublicErrors, log_unexpected
 from keyturn.schema.execution import FastLists
 from keyturn.schema.root import Mutation, Query, Subscription
@@ -45,19 +43,10 @@ MAX_DEPTH = 10
 
 
 MAX_ALIASES = 30
-MAX_TOKENS = 2000
 
 
-# Distinct documents kept parsed and validated. A client sends the same few
-# texts again and again (persisted documents always): one lookup by the text
-# answers both steps, where hashing a parsed document to find it again walks
-# its whole tree on every request.
-DOCUMENT_CACHE = 1024
-
-
-@functools.lru_cache(maxsize=DOCUMENT_CACHE)
-def _parse(text: str) -> DocumentNode:
-    return parse(text, max_tokens=MAX_TOKENS)
+# Parsed and validated documents, by their text (keyturn.schema.documents).
+DOCUMENTS = DocumentCache()
 
 
 def operation_type(text: str, operation_name: str | None) -> OperationType | None:
@@ -65,32 +54,10 @@ def operation_type(text: str, operation_name: str | None) -> OperationType | Non
     operation itself will use; None when it does not parse or names no
     operation (its execution then answers why)."""
     try:
-        operation = get_operation_ast(_parse(text), operation_name)
+        operation = get_operation_ast(DOCUMENTS.parse(text), operation_name)
     except GraphQLError:
         return None
     return operation.operation if operation is not None else None
-
-
-class _Keyed:
-    """A document in a cache key, compared by the text it was parsed from."""
-
-    __slots__ = ("document", "text")
-
-    def __init__(self, text: str, document: DocumentNode) -> None:
-        self.text, self.document = text, document
-
-    def __hash__(self) -> int:
-        return hash(self.text)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Keyed) and other.text == self.text
-
-
-@functools.lru_cache(maxsize=DOCUMENT_CACHE)
-def _validate(
-    schema: GraphQLSchema, keyed: _Keyed, rules: tuple[type[ASTValidationRule], ...]
-) -> list[GraphQLError]:
-    return validate_document(schema, keyed.document, rules)
 
 
 class RequestLimits(SchemaExtension):
@@ -116,7 +83,7 @@ class RequestLimits(SchemaExtension):
     def on_parse(self) -> Iterator[None]:
         execution = self.execution_context
         if execution.graphql_document is None and execution.query:
-            execution.graphql_document = _parse(execution.query)
+            execution.graphql_document = DOCUMENTS.parse(execution.query)
             self.parsed = execution.query
         yield
 
@@ -131,7 +98,12 @@ class RequestLimits(SchemaExtension):
         )
         schema = execution.schema._schema
         if self.parsed is not None:
-            errors = _validate(schema, _Keyed(self.parsed, document), rules)
+            errors = DOCUMENTS.validate(
+                self.parsed,
+                document,
+                (schema, rules),
+                lambda doc: validate_document(schema, doc, rules),
+            )
         else:
             errors = validate_document(schema, document, rules)
         execution.pre_execution_errors = errors
