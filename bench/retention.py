@@ -1,13 +1,18 @@
 """Row r: Keyturn's submitTurn while the retention sweeper prunes a large
 backlog, as a ratio to submitTurn without it (the target is at least 0.8).
 
-One ``keyturn serve`` (with a key retention, so admission judges expiry as it
+``keyturn serve`` (with a key retention, so admission judges expiry as it
 would in production) takes new keys from a closed loop, first alone, then
-while ``keyturn prune`` works through a backlog of long-ended turns written
-straight into the record. The backlog is sized so the sweeper is still busy
-when the second window closes (the row says whether it was).
+while a sweeper works through a backlog of long-ended turns written straight
+into the record: by default the sweeper inside ``keyturn serve`` itself (the
+server started again with the turn retention: its own sweeper begins a pass
+at once, on its own timer, in the process that admits), with ``--sweeper
+prune`` a ``keyturn prune`` beside the server. The backlog is sized so the
+sweeper is still busy when the second window closes (the row says whether it
+was).
 
 python -m bench.retention [--duration 10] [--concurrency 32] [--backlog 150000]
+                          [--sweeper serve|prune] [--sweep-s 1]
                           [--database auto|embedded|URL] [--out PATH]
 prints the row and, with --out, writes it as JSON.
 """
@@ -89,6 +94,26 @@ def _load(
     return summarize(result)
 
 
+# How many backlog turns are still prunable (the retention is a day).
+_PRUNABLE = "SELECT count(*) FROM turns WHERE completed_at < now() - interval '1 day'"
+
+
+def _prune_command(url: str, batch: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "keyturn", "prune"],
+        cwd=ROOT,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("KEYTURN_")},
+            "KEYTURN_DATABASE_URL": url,
+            "KEYTURN_RETENTION_BATCH": str(batch),
+            **RETENTION,
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     with (
         database_server(args.database) as (admin_url, where),
@@ -110,29 +135,42 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             _load(port, sessions, "warm", args.concurrency, 2.0)
             progress(f"r- submitTurn alone, {args.duration:.0f}s")
             alone = _load(port, sessions, "alone", args.concurrency, args.duration)
-            progress(f"r  submitTurn while keyturn prune works, {args.duration:.0f}s")
-            sweeper = subprocess.Popen(
-                [sys.executable, "-m", "keyturn", "prune"],
-                cwd=ROOT,
-                env={
-                    **{k: v for k, v in os.environ.items() if not k.startswith("KEYTURN_")},
-                    "KEYTURN_DATABASE_URL": url,
-                    "KEYTURN_RETENTION_BATCH": str(args.batch),
-                    **RETENTION,
-                },
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-            try:
+            if args.sweeper == "serve":
+                # The same server again, now with the turn retention: its own
+                # sweeper starts a pass at once and prunes on its timer (every
+                # KEYTURN_RETENTION_SWEEP_S), inside the process that admits.
+                server.stop()
+                server = start_server(
+                    url,
+                    Path(tmp),
+                    env={
+                        **env,
+                        **RETENTION,
+                        "KEYTURN_RETENTION_BATCH": str(args.batch),
+                        "KEYTURN_RETENTION_SWEEP_S": str(args.sweep_s),
+                    },
+                    name="keyturn-sweeping",
+                    timeout=START_TIMEOUT_S,
+                )
+                port = port_of(server)
+                progress("warm-up, serve's sweeper pruning")
+                _load(port, sessions, "warm2", args.concurrency, 2.0)
+                sweeper = None
+                what = "serve's own sweeper"
+            else:
+                sweeper = _prune_command(url, args.batch)
                 time.sleep(1.0)  # the command's start, before its first batch
+                what = "keyturn prune"
+            progress(f"r  submitTurn while {what} works, {args.duration:.0f}s")
+            try:
                 before = asyncio.run(_count(url, "SELECT count(*) FROM key_tombstones"))
                 swept = _load(port, sessions, "swept", args.concurrency, args.duration)
                 after = asyncio.run(_count(url, "SELECT count(*) FROM key_tombstones"))
-                still_busy = sweeper.poll() is None
+                still_busy = asyncio.run(_count(url, _PRUNABLE)) > 0
             finally:
-                sweeper.terminate()
-                sweeper.wait(30)
+                if sweeper is not None:
+                    sweeper.terminate()
+                    sweeper.wait(30)
         finally:
             server.stop()
     ratio = swept["throughput"] / alone["throughput"] if alone["throughput"] else 0.0
@@ -140,14 +178,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "row": "r",
         "label": "submitTurn while the retention sweeper prunes a backlog (ratio to alone)",
         "database": where,
+        "sweeper": args.sweeper,
         "backlog_turns": backlog,
         "concurrency": args.concurrency,
         "duration_s": args.duration,
         "batch": args.batch,
+        "sweep_interval_s": args.sweep_s if args.sweeper == "serve" else None,
         "alone": alone,
         "with_sweeper": swept,
         "pruned_during_window": after - before,
-        "sweeper_busy_whole_window": still_busy,
+        "sweeper_busy_whole_window": still_busy and after > before,
         "ratio": ratio,
         "target": RATIO_FLOOR,
         "verdict": judge(TARGET, ratio),
@@ -161,6 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sessions", type=int, default=64, help="sessions the load submits to")
     p.add_argument("--backlog", type=int, default=150_000, help="ended turns to prune")
     p.add_argument("--batch", type=int, default=200, help="KEYTURN_RETENTION_BATCH")
+    p.add_argument(
+        "--sweeper",
+        choices=("serve", "prune"),
+        default="serve",
+        help="who prunes: the sweeper inside keyturn serve (its own timer), or keyturn prune",
+    )
+    p.add_argument(
+        "--sweep-s", type=float, default=1.0, help="KEYTURN_RETENTION_SWEEP_S (--sweeper serve)"
+    )
     p.add_argument("--pool-size", type=int, default=10, help="KEYTURN_POOL_SIZE")
     p.add_argument("--database", default="auto", help="auto, embedded, or a URL")
     p.add_argument("--out", type=Path, default=None, help="write the row as JSON here")

@@ -166,10 +166,14 @@ class Settings(BaseSettings):
     # (one short transaction) may touch.
     retention_sweep_s: float = Field(default=60.0, gt=0)
     retention_batch: int = Field(default=200, ge=1, le=10_000)
+    # The events one batch of turns may blank: a batch stops short of its
+    # turns when theirs add up to more (a turn above it is pruned alone).
+    retention_batch_events: int = Field(default=20_000, ge=1, le=1_000_000)
 
     # Test hook, never for production: stop the process with SIGKILL at a
     # named point of a tool call, ``POINT`` or ``POINT:INDEX`` with POINT one of
-    # before_intent, after_intent, after_write, after_result. The first
+    # before_intent, after_intent, after_write, after_result, or of a retention
+    # batch, prune_batch (keyturn.runtime.crash). The first
     # ``crash_after - 1`` calls to reach it wait there; the next one kills.
     crash_at: str | None = None
     crash_after: int = Field(default=1, ge=1)

@@ -1,9 +1,12 @@
 """The retention sweeper's statements: prune ended turns to tombstones, and
 forget old tombstones, a bounded batch per statement.
 
-Each batch is one statement in autocommit mode, so one short transaction:
-a crash or a cancel loses at most the batch in flight, which rolls back
-whole, and the next batch starts again from what is committed. A batch
+Each batch is one statement in one short transaction (the sweeper's): a
+crash or a cancel loses at most the batch in flight, which rolls back whole,
+and the next batch starts again from what is committed. A batch of turns is
+bounded twice: by its turns (``:batch``) and by the events it blanks
+(``:batch_events``, a turn above it alone), so the rows it rewrites, and the
+WAL it writes, stay bounded however long the turns streamed. A batch
 locks the sessions of its rows (in id order, ``FOR UPDATE SKIP LOCKED``),
 the lock admission takes first: moving a key from ``turns`` to
 ``key_tombstones`` and admitting under that key never interleave, and a
@@ -47,10 +50,26 @@ _FORGETTABLE = """
 
 _PRUNE_TURNS = Statement(
     f"""
-    WITH candidates AS (
+    WITH oldest AS (
         {_PRUNABLE}
         ORDER BY t.completed_at
         LIMIT :batch
+    ), counted AS (
+        -- Each turn's events, counted no further than the bound: a turn of a
+        -- million events costs the count of one bound.
+        SELECT o.id, o.session_id, o.completed_at,
+               (SELECT count(*) FROM (SELECT 1 FROM events e WHERE e.turn_id = o.id
+                                      LIMIT CAST(:batch_events AS bigint) + 1) n) AS events
+        FROM oldest o
+    ), running AS (
+        SELECT c.id, c.session_id,
+               sum(c.events) OVER w AS upto, row_number() OVER w AS nth
+        FROM counted c
+        WINDOW w AS (ORDER BY c.completed_at, c.id)
+    ), candidates AS (
+        -- The oldest turns whose events fit the bound together; the oldest
+        -- turn always, however many it has.
+        SELECT id, session_id FROM running WHERE upto <= CAST(:batch_events AS bigint) OR nth = 1
     ), locked AS (
         SELECT s.id FROM sessions s WHERE s.id IN (SELECT session_id FROM candidates)
         ORDER BY s.id FOR UPDATE SKIP LOCKED
@@ -126,7 +145,7 @@ _PREVIEW_TOMBSTONES = Statement(
 
 @dataclass(frozen=True, slots=True)
 class TurnBatch:
-    candidates: int  # prunable turns the batch looked at (at most the batch size)
+    candidates: int  # prunable turns the batch chose (within both bounds)
     turns: int  # pruned: moved to tombstones
     events: int  # their events, data blanked
     tombstones: int  # tombstones written (one per pruned turn)
@@ -148,13 +167,14 @@ class Span:
 
 
 async def prune_turns(
-    conn: Conn, *, turn_retention_s: int, key_retention_s: int, batch: int
+    conn: Conn, *, turn_retention_s: int, key_retention_s: int, batch: int, batch_events: int
 ) -> TurnBatch:
     row = await _PRUNE_TURNS.fetchrow(
         conn,
         turn_retention_s=float(turn_retention_s),
         key_retention_s=float(key_retention_s),
         batch=batch,
+        batch_events=batch_events,
     )
     assert row is not None  # an aggregate always has its row
     return TurnBatch(row["candidates"], row["turns"], row["events"], row["tombstones"])

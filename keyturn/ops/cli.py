@@ -23,7 +23,6 @@ from keyturn.settings import Settings
 if TYPE_CHECKING:
     from keyturn.db.engine import Engine
     from keyturn.db.retention import Span as RetentionSpan
-    from keyturn.runtime.retention import PassReport as RetentionReport
 
 T = TypeVar("T")
 
@@ -335,12 +334,16 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     """One retention pass now (or, with --dry-run, what it would remove)."""
     from keyturn.db.migrate import current_revision, head_revision
+    from keyturn.runtime import crash
     from keyturn.runtime.retention import RetentionPolicy, Sweeper
 
     settings = _settings()
     policy = RetentionPolicy.of(settings)
     if policy.problem is not None:
         raise Refusal(policy.problem)
+    hook_problem = crash.problem(settings)
+    if hook_problem is not None:
+        raise Refusal(hook_problem)
     print("policy: " + "; ".join(policy.lines()))
     if not policy.prunes:
         print("nothing to prune: KEYTURN_TURN_RETENTION is forever")
@@ -351,7 +354,14 @@ def cmd_prune(args: argparse.Namespace) -> int:
         raise Refusal(f"the database is at migration {current or 'none'}: run `keyturn db upgrade`")
 
     def sweeper(engine: Engine) -> Sweeper:
-        return Sweeper(engine=engine, policy=policy, batch=settings.retention_batch)
+        return Sweeper(
+            engine=engine,
+            policy=policy,
+            batch=settings.retention_batch,
+            batch_events=settings.retention_batch_events,
+            progress_every_s=args.progress_every,
+            crash=crash.CrashHook.from_settings(settings),
+        )
 
     if args.dry_run:
         preview = _on_database(url, where, lambda e: sweeper(e).preview())
@@ -364,25 +374,24 @@ def cmd_prune(args: argparse.Namespace) -> int:
             f"tombstones to forget: {preview.tombstones.count}{_span(preview.tombstones, 'made')}"
         )
         return 0
-    # The command prints the pass's line itself.
-    logging.getLogger("keyturn.runtime.retention").setLevel(logging.WARNING)
-    on_tty = sys.stderr.isatty()
-
-    def progress(report: RetentionReport) -> None:
-        if on_tty:
-            print(
-                f"\rpruned {report.turns} turns, forgot {report.tombstones_forgotten} tombstones "
-                f"({report.batches} batches)",
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    report = _on_database(url, where, lambda e: sweeper(e).run_pass(on_batch=progress))
-    if on_tty:
-        print(file=sys.stderr)
+    # The pass logs as the server's sweeper does, on stderr: its progress
+    # lines while it runs, its line at the end, each with its figures as
+    # fields (JSON lines unless on a terminal: KEYTURN_LOG_FORMAT). Its line
+    # is also the command's answer, on stdout.
+    logs.configure(settings.log_format)
+    report = _on_database(url, where, lambda e: sweeper(e).run_pass())
     print(report.line())
     return 0
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {value!r}")
+    return seconds
 
 
 def _span(span: RetentionSpan, verb: str) -> str:
@@ -556,6 +565,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prune.add_argument(
         "--dry-run", action="store_true", help="say what a pass would remove; remove nothing"
+    )
+    prune.add_argument(
+        "--progress-every",
+        type=_positive_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="log a progress line at most this often while the pass runs (default 5)",
     )
     prune.set_defaults(fn=cmd_prune)
 

@@ -1,5 +1,6 @@
 """A test hook: stop this process with SIGKILL, or hold a call, at a named
-point of a tool call. Never set it in production.
+point of a tool call, of its reconciliation or of a retention batch. Never
+set it in production.
 
 ``KEYTURN_CRASH_AT`` (``POINT`` or ``POINT:INDEX``) and ``KEYTURN_CRASH_AFTER``
 (how many calls must reach the point first; those that arrive earlier wait
@@ -14,6 +15,20 @@ kill can be made to arrive at a known point of it. The points:
 ``after_intent``   after the intent, before the tool runs
 ``after_write``    after the tool returned (its write committed), before ``tool.result``
 ``after_result``   after ``tool.result``, before anything else the turn does
+
+and of the retention sweeper (:mod:`keyturn.runtime.retention`), whose INDEX
+is the batch's number in its pass, counting from 0 the batches that removed
+rows:
+
+``prune_batch``    after a batch's statement removed its rows, before its commit
+
+and of the reconciliation of an interrupted turn's unknown calls
+(:meth:`keyturn.runtime.tool_runner.ToolRunner.reconcile`, whoever asks: the
+process that interrupted the turn, or a retry settling it first), whose INDEX
+is the call's:
+
+``before_reconciled``  after the IDEMPOTENT tool answered whether the call's
+                       key was applied, before ``tool.reconciled`` records it
 
 A bad value is refused when the process starts (:func:`problem`, which
 ``keyturn serve`` and ``keyturn doctor`` check).
@@ -32,7 +47,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from keyturn.settings import Settings
 
+# The points of a tool call (the interruption experiment visits each).
 POINTS = ("before_intent", "after_intent", "after_write", "after_result")
+SWEEPER_POINTS = ("prune_batch",)
+# Held there, the store has answered and the record does not say so yet: the
+# moment a retry racing the reconciliation must not run the call.
+RECONCILE_POINTS = ("before_reconciled",)
 # How often a held call looks for the release file: it is a test hook, and
 # a few tens of milliseconds are nothing beside a process start.
 HOLD_POLL_S = 0.05
@@ -42,9 +62,10 @@ log = logging.getLogger(__name__)
 
 def _parse(spec: str, variable: str) -> tuple[str, int | None]:
     name, colon, index = spec.partition(":")
-    if name not in POINTS:
+    if name not in POINTS + SWEEPER_POINTS + RECONCILE_POINTS:
         raise ValueError(
-            f"{variable} must be POINT or POINT:INDEX with POINT one of {', '.join(POINTS)}"
+            f"{variable} must be POINT or POINT:INDEX with POINT one of "
+            f"{', '.join(POINTS + SWEEPER_POINTS + RECONCILE_POINTS)}"
             f" (got {spec!r})"
         )
     if not colon:

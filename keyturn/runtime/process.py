@@ -155,8 +155,10 @@ class Runtime:
             engine=self.engine,
             policy=RetentionPolicy.of(settings),
             batch=settings.retention_batch,
+            batch_events=settings.retention_batch_events,
             interval_s=settings.retention_sweep_s,
             stats=self.stats,
+            crash=CrashHook.from_settings(settings),
         )
         if self.sweeper.policy.prunes:
             self.supervisor.add("retention", self.sweeper.run_forever)

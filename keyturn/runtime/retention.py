@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from keyturn.db import retention as db
 from keyturn.db.engine import Conn, Engine, connect
 from keyturn.errors import DatabaseUnavailable
+from keyturn.runtime.crash import CrashHook
 from keyturn.runtime.stats import NoStats, Stats
 from keyturn.settings import Settings, format_retention
 
@@ -174,8 +175,13 @@ class Sweeper:
     engine: Engine
     policy: RetentionPolicy
     batch: int = 200
+    # The events one batch of turns may blank, whatever its turns: the rows
+    # (and so the WAL) of a batch stay bounded when turns streamed thousands
+    # of events. A turn with more than this is pruned alone.
+    batch_events: int = 20_000
     interval_s: float = 60.0
     stats: Stats = field(default_factory=NoStats)
+    crash: CrashHook = field(default_factory=CrashHook)
     # After a batch that removed rows the sweeper rests this many times as
     # long as the batch took, leaving the database to admissions meanwhile:
     # its share of one connection's time (and of the database's CPU and WAL)
@@ -219,7 +225,11 @@ class Sweeper:
 
         async def batch(conn: Conn) -> _Batch:
             done = await db.prune_turns(
-                conn, turn_retention_s=turn_s, key_retention_s=key_s, batch=self.batch
+                conn,
+                turn_retention_s=turn_s,
+                key_retention_s=key_s,
+                batch=self.batch,
+                batch_events=self.batch_events,
             )
             return _Batch(
                 done.candidates,
@@ -248,8 +258,13 @@ class Sweeper:
         busy = 0
         while True:
             started = time.perf_counter()
-            async with connect(self.engine) as conn:
+            async with connect(self.engine) as conn, conn.driver.transaction():
                 done = await batch(conn)
+                if done.removed:
+                    # Its rows are removed but not committed: a process that
+                    # dies here leaves the batch rolled back whole (the test
+                    # hook kills it here to show it).
+                    await self.crash.point("prune_batch", progress.removing)
             took = time.perf_counter() - started
             progress.batch_done(done)
             if done.candidates == 0:
@@ -290,6 +305,7 @@ class _Progress:
     started: float
     on_batch: OnBatch
     logged: float = field(init=False)
+    removing: int = 0  # batches of the pass that removed rows, so far
 
     def __post_init__(self) -> None:
         self.logged = self.started
@@ -306,6 +322,7 @@ class _Progress:
         now = time.perf_counter()
         report.seconds = now - self.started
         if done.removed:
+            self.removing += 1
             # Counted as the batch commits: a scrape during a long pass sees
             # the counters move, and a pass cancelled midway has counted what
             # it did.

@@ -1,11 +1,15 @@
-"""``keyturn prune`` as an operator runs it: --dry-run says what a pass would
-remove and removes nothing; a pass SIGKILLed mid-way and run again ends with
-the record one clean pass leaves; doctor publishes the policy; a retention
-that is not one stops the command with one line."""
+"""The retention sweeper as an operator runs it: ``keyturn serve`` prunes on
+its own timer, and a serve SIGKILLed inside a batch loses that batch whole
+and finishes after a restart, every key answering KeyExpired, never a new
+turn; ``keyturn prune --dry-run`` says what a pass would remove and removes
+nothing; a pass SIGKILLed inside a batch and run again ends with the record
+one clean pass leaves; a pass logs its progress; doctor publishes the
+policy; a retention that is not one stops the command with one line."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -16,6 +20,8 @@ from typing import Any
 import pytest
 
 from tests.acceptance.clirun import clean_env, one_clean_line
+from tests.integration.test_retention import submit
+from tests.support import GraphQLClient, ServerProcess, start_server_process, stop_process
 from tests.support.backlog import assert_backlog_pruned, seed_backlog
 
 pytestmark = pytest.mark.slow
@@ -86,42 +92,35 @@ async def test_dry_run_reports_the_counts_and_writes_nothing(
     assert await db.fetchval("SELECT count(*) FROM turns") == 2
 
 
-async def test_a_pass_killed_mid_way_and_run_again_leaves_the_record_of_one_clean_pass(
+async def test_a_pass_killed_inside_a_batch_and_run_again_leaves_the_record_of_one_clean_pass(
     database_url: str, db: Any, tmp_path: Path
 ) -> None:
     sessions, per = 40, 50
     total = sessions * per
     await seed_backlog(db, sessions=sessions, turns_per_session=per, ended_ago=timedelta(days=3))
     events = await db.fetchval("SELECT count(*) FROM events")
-    env = clean_env(KEYTURN_DATABASE_URL=database_url, KEYTURN_RETENTION_BATCH="10", **RETENTION)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "keyturn",
+    # Killed inside its fourth batch, once the batch's statement has removed
+    # its ten turns and before it commits.
+    killed = await asyncio.to_thread(
+        keyturn,
         "prune",
-        env=env,
         cwd=tmp_path,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+        settings={
+            "KEYTURN_DATABASE_URL": database_url,
+            "KEYTURN_RETENTION_BATCH": "10",
+            "KEYTURN_CRASH_AT": "prune_batch:3",
+            **RETENTION,
+        },
     )
-    try:
-        # Killed as soon as its first batches are committed.
-        for _ in range(6000):
-            if await db.fetchval("SELECT count(*) FROM key_tombstones") > 0:
-                break
-            if proc.returncode is not None:
-                break
-            await asyncio.sleep(0.01)
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(proc.wait(), 30)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert "crash hook: SIGKILL at prune_batch (call 3)" in killed.stderr
 
-    # Whatever the kill interrupted rolled back whole: every key is in exactly
-    # one place, and a turn's events were blanked with it or not at all.
+    # The batch the kill interrupted rolled back whole: three batches are
+    # pruned, every key is in exactly one place, and a turn's events were
+    # blanked with it or not at all.
     left = await db.fetchval("SELECT count(*) FROM turns")
     stones = await db.fetchval("SELECT count(*) FROM key_tombstones")
-    assert left + stones == total and stones > 0
+    assert (left, stones) == (total - 30, 30)
     blanked = await db.fetchval("SELECT count(*) FROM events WHERE turn_id IS NULL")
     assert blanked == 3 * stones
 
@@ -131,6 +130,185 @@ async def test_a_pass_killed_mid_way_and_run_again_leaves_the_record_of_one_clea
     assert again.returncode == 0, again.stderr
     assert f"pruned {left} turns ({3 * left} events blanked" in again.stdout
     await assert_backlog_pruned(db, turns=total, events=events)
+
+
+async def test_a_pass_logs_its_progress_lines_with_their_figures_and_no_secret(
+    database_url: str, db: Any, tmp_path: Path
+) -> None:
+    await seed_backlog(db, sessions=20, turns_per_session=10, ended_ago=timedelta(days=3))
+    # A password in the URL (the local server trusts, so any is accepted):
+    # it must appear in no line.
+    secret = "s3cret-Pa55word"
+    url = database_url.replace("postgresql://postgres@", f"postgresql://postgres:{secret}@")
+    assert secret in url
+    result = await asyncio.to_thread(
+        keyturn,
+        "prune",
+        "--progress-every",
+        "0.05",
+        cwd=tmp_path,
+        settings={"KEYTURN_DATABASE_URL": url, "KEYTURN_RETENTION_BATCH": "5", **RETENTION},
+    )
+    assert result.returncode == 0, result.stderr
+    assert secret not in result.stdout + result.stderr
+    # Not on a terminal, the log is JSON lines on stderr, as serve's.
+    lines = [json.loads(x) for x in result.stderr.splitlines() if x.startswith("{")]
+    passes = [x for x in lines if x.get("logger") == "keyturn.runtime.retention"]
+    progress = [x for x in passes if x["pass_done"] is False]
+    assert len(progress) >= 2, result.stderr
+    assert all(x["level"] == "INFO" for x in passes)
+    assert all(x["message"].startswith("retention pass in progress: pruned ") for x in progress)
+    counts = [x["pruned_turns"] for x in progress]
+    assert counts == sorted(counts) and 0 < counts[0] < counts[-1] <= 200
+    assert all(x["blanked_events"] == 3 * x["pruned_turns"] for x in progress)
+    assert all(x["batches"] >= x["pruned_turns"] / 5 for x in progress)
+    done = [x for x in passes if x["pass_done"] is True]
+    assert len(done) == 1 and done[0]["pruned_turns"] == 200 and done[0]["batches"] >= 40
+    # The answer on stdout is the pass's line.
+    assert "retention pass: pruned 200 turns (600 events blanked" in result.stdout
+
+
+# A pass every 0.3 s, in batches of ten turns.
+SWEEPING = {**RETENTION, "KEYTURN_RETENTION_SWEEP_S": "0.3", "KEYTURN_RETENTION_BATCH": "10"}
+KILLED_IN = 2  # the batch the kill lands in: batches 0 and 1 commit before it
+
+
+async def _wait_for(db: Any, sql: str, value: int, server: ServerProcess) -> None:
+    for _ in range(600):
+        if await db.fetchval(sql) == value:
+            return
+        assert server.proc.poll() is None, server.log()
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{sql} never became {value}: {await db.fetchval(sql)}")
+
+
+async def test_serve_prunes_on_its_own_timer_and_a_kill_inside_a_batch_loses_only_that_batch(
+    database_url: str, db: Any, tmp_path: Path
+) -> None:
+    server = start_server_process(
+        database_url,
+        tmp_path,
+        env={**SWEEPING, "KEYTURN_CRASH_AT": f"prune_batch:{KILLED_IN}"},
+        name="killed",
+    )
+    client = GraphQLClient(server.url)
+    try:
+        # Forty real turns in eight sessions, streamed replies and tool calls
+        # (their ledger rows are events of the turn), with their real keys.
+        inputs: dict[str, tuple[str, str]] = {}  # key -> (session, input)
+
+        async def session_of_turns(s: int) -> None:
+            sid = await client.create_session()
+            for i in range(5):
+                key = f"k{s}-{i}"
+                text = f"/write n{s}_{i}=v{i} written" if i % 2 else f"/stream 4 1 turn {s} {i}"
+                first = await submit(client, sid, key, text)
+                assert first["__typename"] == "TurnAccepted", first
+                await client.wait_for_status(first["turn"]["id"], {"COMPLETED"})
+                inputs[key] = (sid, text)
+
+        await asyncio.gather(*(session_of_turns(s) for s in range(8)))
+        ids = {
+            r["idempotency_key"]: str(r["id"])
+            for r in await db.fetch("SELECT id, idempotency_key FROM turns")
+        }
+        per_turn = {
+            str(r["turn_id"]): r["n"]
+            for r in await db.fetch("SELECT turn_id, count(*) AS n FROM events GROUP BY turn_id")
+        }
+        assert len(ids) == 40 and set(per_turn) == set(ids.values())
+        assert max(per_turn.values()) > 3  # streamed and tool turns: more than bare ones
+        contents = {
+            str(r["id"]): (r["input"], r["output"])
+            for r in await db.fetch("SELECT id, input, output FROM turns")
+        }
+        # A turn that ended just now: kept by every pass, replayed as itself.
+        sid = await client.create_session()
+        recent = await submit(client, sid, "recent", "hello")
+        await client.wait_for_status(recent["turn"]["id"], {"COMPLETED"})
+        keys_before = await db.fetchval("SELECT count(*) FROM session_keys")
+        # Blanking keeps every event: the count is the record's from here on.
+        events_all = await db.fetchval("SELECT count(*) FROM events")
+
+        # The forty ended three days ago, in one statement and a second
+        # apart: the next pass of serve's own timer finds all of them at once,
+        # oldest first, ten a batch.
+        await db.execute(
+            "UPDATE turns t SET completed_at = now() - interval '3 days' + o.n * interval '1 s' "
+            "FROM (SELECT id, row_number() OVER (ORDER BY completed_at, id) AS n FROM turns "
+            "      WHERE idempotency_key <> 'recent') o "
+            "WHERE o.id = t.id"
+        )
+        oldest = [
+            str(r["id"])
+            for r in await db.fetch(
+                "SELECT id FROM turns WHERE idempotency_key <> 'recent' ORDER BY completed_at"
+            )
+        ]
+
+        code = await asyncio.to_thread(server.proc.wait, 60)
+        assert code == -signal.SIGKILL, server.log()
+        assert f"crash hook: SIGKILL at prune_batch (call {KILLED_IN})" in server.log()
+    finally:
+        await client.close()
+        if server.proc.poll() is None:
+            stop_process(server)
+
+    # Batches 0 and 1 committed; batch 2 had removed its ten turns when the
+    # process died, and rolled back whole: its turns are there with their
+    # input and output, their events untouched.
+    committed = set(oldest[: 10 * KILLED_IN])
+    stones = {
+        str(r["turn_id"]): r["idempotency_key"]
+        for r in await db.fetch("SELECT turn_id, idempotency_key FROM key_tombstones")
+    }
+    assert set(stones) == committed
+    kept = {
+        str(r["id"]): (r["input"], r["output"])
+        for r in await db.fetch("SELECT id, input, output FROM turns")
+    }
+    assert set(kept) == set(ids.values()) - committed | {recent["turn"]["id"]}
+    assert all(kept[t] == contents[t] for t in contents if t not in committed)
+    assert all(contents[t][1] for t in contents)  # every turn had an output
+    # Every key in exactly one place; no event lost, none half blanked.
+    assert not set(stones.values()) & set(
+        await db.fetchval("SELECT coalesce(array_agg(idempotency_key), '{}') FROM turns")
+    )
+    assert await db.fetchval("SELECT count(*) FROM session_keys") == keys_before
+    blanked = await db.fetch("SELECT data FROM events WHERE turn_id IS NULL")
+    assert len(blanked) == sum(per_turn[t] for t in committed)
+    assert all(r["data"] == '{"pruned": true}' for r in blanked)
+    assert not await db.fetchval(
+        "SELECT count(*) FROM events WHERE turn_id IS NOT NULL AND data = '{\"pruned\": true}'"
+    )
+
+    # Restarted without the hook, serve's own timer finishes the backlog.
+    server = start_server_process(database_url, tmp_path, env=SWEEPING, name="restarted")
+    client = GraphQLClient(server.url)
+    try:
+        await _wait_for(db, "SELECT count(*) FROM key_tombstones", 40, server)
+        assert await db.fetchval("SELECT count(*) FROM events") == events_all
+        gaps = await db.fetchval(
+            "SELECT count(*) FROM (SELECT session_id, count(*) AS n, max(seq) AS top "
+            "FROM events GROUP BY session_id) s WHERE n <> top"
+        )
+        assert gaps == 0
+        assert await db.fetchval(
+            "SELECT count(*) FROM events WHERE turn_id IS NULL AND data = '{\"pruned\": true}'"
+        ) == sum(per_turn.values())
+        # Each key answers KeyExpired naming its own turn, with its request or
+        # another; never a new turn. The recent key replays its turn.
+        for key, (session, text) in inputs.items():
+            for sent in (text, "something else"):
+                answer = await submit(client, session, key, sent)
+                assert answer["__typename"] == "KeyExpired", (key, answer)
+                assert answer["turnId"] == ids[key]
+        assert await db.fetchval("SELECT count(*) FROM turns") == 1
+        again = await submit(client, sid, "recent", "hello")
+        assert again["__typename"] == "TurnReplayed" and again["turn"]["id"] == recent["turn"]["id"]
+    finally:
+        await client.close()
+        stop_process(server)
 
 
 def test_doctor_publishes_the_policy(database_url: str, tmp_path: Path) -> None:

@@ -54,11 +54,11 @@ async def retaining(database_url: str, **retention: Any) -> AsyncIterator[GraphQ
 
 @contextlib.asynccontextmanager
 async def sweeper(
-    database_url: str, policy: RetentionPolicy, batch: int = 200
+    database_url: str, policy: RetentionPolicy, batch: int = 200, batch_events: int = 20_000
 ) -> AsyncIterator[Sweeper]:
     engine = create_engine(database_url, pool_size=2)
     try:
-        yield Sweeper(engine=engine, policy=policy, batch=batch)
+        yield Sweeper(engine=engine, policy=policy, batch=batch, batch_events=batch_events)
     finally:
         await engine.dispose()
 
@@ -489,6 +489,54 @@ async def test_a_sweep_cancelled_between_batches_resumes_to_the_same_record(
         resumed = await sweep.run_pass()
         assert resumed.turns == 120 - partway[2]
     await assert_backlog_pruned(db, turns=120, events=events_before)
+
+
+async def test_a_batch_blanks_no_more_events_than_its_bound_and_a_longer_turn_goes_alone(
+    database_url: str, db: Any
+) -> None:
+    bound = 60
+    # Each piece of a stream its own turn.delta event: flushed every 1 ms.
+    async with retaining(
+        database_url, key_retention="1h", turn_retention="1d", delta_flush_ms=1
+    ) as client:
+        sid = await client.create_session()
+        # Streamed turns of about thirty events, one of a hundred and more
+        # (above the bound) among them, and short ones.
+        inputs = [f"/stream 25 5 long {i}" for i in range(5)]
+        inputs[2:2] = ["/stream 90 5 longest", "short", "/write n=v short too"]
+        for i, text in enumerate(inputs):
+            await completed_turn(client, sid, f"k{i}", text)
+    rows = await db.fetch(
+        "SELECT t.id, (SELECT count(*) FROM events e WHERE e.turn_id = t.id) AS n "
+        "FROM turns t ORDER BY t.completed_at"
+    )
+    sizes = [r["n"] for r in rows]
+    assert max(sizes) > bound and sum(sizes) > 3 * bound, sizes
+    # Oldest first, as many as fit the bound; a turn above it alone.
+    expected: list[tuple[int, int]] = []
+    for n in sizes:
+        if expected and expected[-1][1] + n <= bound:
+            expected[-1] = (expected[-1][0] + 1, expected[-1][1] + n)
+        else:
+            expected.append((1, n))
+
+    seen: list[tuple[int, int]] = []
+
+    def batch_done(report: PassReport) -> None:
+        turns = report.turns - sum(t for t, _ in seen)
+        events = report.events - sum(e for _, e in seen)
+        seen.append((turns, events))
+
+    policy = RetentionPolicy(key_s=HOUR, turn_s=DAY)
+    async with sweeper(database_url, policy, batch_events=bound) as sweep:
+        await db.execute("UPDATE turns SET completed_at = completed_at - interval '2 days'")
+        report = await sweep.run_pass(on_batch=batch_done)
+    removing = [b for b in seen if b[0]]
+    assert removing == expected, (sizes, seen)
+    assert all(events <= bound or turns == 1 for turns, events in removing)
+    assert (report.turns, report.events) == (len(sizes), sum(sizes))
+    assert report.batches == len(expected) + 1  # and the one that found nothing left
+    assert await everything(db) == (0, sum(sizes), len(sizes))
 
 
 def _pruned_metric(what: str) -> float:
