@@ -53,6 +53,9 @@ _APPLIED_COUNTS = Statement(
     "SELECT effect_key, count(*) FILTER (WHERE applied) AS n FROM synthetic_effects "
     "WHERE effect_key = ANY(:keys) GROUP BY effect_key"
 )
+_ANSWERED = Statement(
+    "SELECT effect_key FROM synthetic_effects WHERE effect_key = ANY(:keys) AND idempotent"
+)
 
 
 async def write(
@@ -84,3 +87,9 @@ async def applied_counts(conn: Conn, *, keys: Sequence[str]) -> dict[str, int]:
     counts = {k: 0 for k in keys}
     counts.update({r["effect_key"]: int(r["n"]) for r in rows})
     return counts
+
+
+async def answered(conn: Conn, *, keys: Sequence[str]) -> set[str]:
+    """The idempotent keys the store has an answer for: applied, or settled
+    as never applied by a question."""
+    return {str(r["effect_key"]) for r in await _ANSWERED.fetch(conn, keys=list(keys))}

@@ -636,6 +636,7 @@ class ToolRunner:
                 )
                 unanswered += 1
                 continue
+            await self.crash.point("before_reconciled", call.index)
             async with connect(self.engine) as conn:
                 done = await db.append_reconciled(
                     conn,

@@ -1,6 +1,7 @@
-"""The interruption experiment's verdicts for MCP tools of each kind and for
-turns cancelled mid-tool, its MCP server's store (a SQLite file), and the
-test hook that holds a call in flight: what each judges by."""
+"""The interruption experiment's verdicts for MCP tools of each kind, for
+turns cancelled mid-tool and for a retry racing reconciliation, its MCP
+server's store (a SQLite file), and the test hook that holds a call in
+flight: what each judges by."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from keyturn.ops.doctor import FAIL, check_settings
 from keyturn.ops.experiment.judging import (
     cancel_findings,
     cancel_verdict,
+    race_findings,
+    race_verdict,
     read_verdict,
     set_verdict,
 )
@@ -219,3 +222,92 @@ def test_a_bad_hold_setting_is_refused_before_the_server_starts(
     assert len(refused) == 1 and said in refused[0], checks
     if "halfway" in env.get("KEYTURN_HOLD_AT", ""):
         assert "before_intent, after_intent, after_write, after_result" in refused[0]
+
+
+def _raced(applied: bool) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
+    """A turn cut at call 1 and its retry, sent while the answer about call
+    1 was held, as the promise says they end: the earlier call settled first,
+    then the retry reusing an applied effect, or running it under its own key."""
+    settled = "RECONCILED_APPLIED" if applied else "RECONCILED_NOT_APPLIED"
+    original: dict[str, Any] = {
+        "status": "INTERRUPTED",
+        "toolCalls": [
+            {"index": 0, "state": "COMPLETED", "effectKey": "t/0"},
+            {"index": 1, "state": settled, "effectKey": "t/1"},
+        ],
+        "events": [
+            {"seq": 3, "type": "tool.intent", "data": {"index": 1}},
+            {"seq": 6, "type": "tool.reconciled", "data": {"index": 1, "applied": applied}},
+        ],
+    }
+    key = "t/1" if applied else "r/1"  # reused, or the retry's own
+    retry: dict[str, Any] = {
+        "status": "COMPLETED",
+        "toolCalls": [
+            {"index": 0, "state": "COMPLETED", "effectKey": "t/0"},
+            {"index": 1, "state": "COMPLETED", "effectKey": key},
+        ],
+        "events": [
+            {"seq": 8, "type": "tool.planned", "data": {"calls": [{"index": 0}, {"index": 1}]}},
+            {"seq": 9, "type": "tool.result", "data": {"index": 0}},
+            {"seq": 10, "type": "tool.result", "data": {"index": 1}},
+        ],
+    }  # fmt: skip
+    if not applied:
+        retry["events"].insert(2, {"seq": 9, "type": "tool.intent", "data": {"index": 1}})
+    return original, retry, {"t/0": 1, "t/1": int(applied), "r/1": int(not applied)}
+
+
+def _planned_first(original: dict[str, Any], retry: dict[str, Any], store: dict[str, int]) -> None:
+    original["events"][1]["seq"] = 20  # settled only after the retry planned the call
+
+
+def _refused_but_completed(
+    original: dict[str, Any], retry: dict[str, Any], store: dict[str, int]
+) -> None:
+    store["r/1"] = 0  # the retry's write did not apply, and its call says COMPLETED
+
+
+def _twice(original: dict[str, Any], retry: dict[str, Any], store: dict[str, int]) -> None:
+    store["t/1"] = 1  # the old key applied after all, and the retry's too
+
+
+def _unsettled(original: dict[str, Any], retry: dict[str, Any], store: dict[str, int]) -> None:
+    original["toolCalls"][1]["state"] = "OUTCOME_UNKNOWN"
+    del original["events"][1]
+
+
+def _lost(original: dict[str, Any], retry: dict[str, Any], store: dict[str, int]) -> None:
+    # The record says the truth (refused, never applied), but the write is lost.
+    retry["toolCalls"][1]["state"] = "RECONCILED_NOT_APPLIED"
+    store["r/1"] = 0
+
+
+def _failed(original: dict[str, Any], retry: dict[str, Any], store: dict[str, int]) -> None:
+    retry["status"] = "FAILED"
+
+
+@pytest.mark.parametrize(
+    ("applied", "change", "expected"),
+    [
+        (True, None, "agreed"),
+        (False, None, "agreed"),
+        (True, _planned_first, "contradicted"),
+        (False, _planned_first, "contradicted"),
+        (False, _refused_but_completed, "contradicted"),
+        (False, _twice, "contradicted"),
+        (True, _unsettled, "contradicted"),
+        (False, _lost, "broken"),
+        (False, _failed, "broken"),
+    ],
+)
+def test_a_retry_racing_reconciliation_must_follow_the_settlement_and_apply_once(
+    applied: bool, change: Any, expected: str
+) -> None:
+    original, retry, store = _raced(applied)
+    if change is not None:
+        change(original, retry, store)
+    contradicts, broken = race_findings(original, retry, 1, store)
+    assert race_verdict(contradicts, broken) == expected, (contradicts, broken)
+    if change is None:
+        assert (contradicts, broken) == ([], [])

@@ -28,11 +28,22 @@ that names another call in flight, or gives other states, results or output
 than the rest of the record, contradicts it; a call in flight that did not
 finish, a later call that started, a turn that did not end CANCELLED or an
 output that is not what its deltas streamed is broken.
+
+A RETRY sent while the replacement's answer about the cut call was held
+(:func:`race_findings`) is judged by both turns beside the store: the earlier
+call must be settled (RECONCILED_APPLIED or RECONCILED_NOT_APPLIED, as its key
+is in the store), and settled before the retry planned or ran that call; the
+retry's call must agree with the store under its own effect key (COMPLETED
+only if that key applied), and the effect must be in the store once across
+both keys. An effect in the store twice, or a record that says otherwise
+than the store, contradicts; an effect lost (neither key applied, and the
+record says so) or a retry that did not complete is broken.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +140,75 @@ def cancel_verdict(judged: str, contradicts: list[str], broken: list[str]) -> st
     return "broken" if broken else judged
 
 
+def _of_call(event: dict[str, Any], index: int) -> bool:
+    """Whether a ``tool.*`` event is about call ``index`` (a plan, about any of its calls)."""
+    data = event["data"]
+    if event["type"] == EventType.TOOL_PLANNED:
+        return any(c.get("index") == index for c in data.get("calls") or [])
+    return bool(data.get("index") == index)
+
+
+def ran_before_settled(original: dict[str, Any], retry: dict[str, Any], cut: int) -> bool:
+    """Whether the retry planned or ran call ``cut`` before ``tool.reconciled``
+    settled the earlier turn's (or with none settling it)."""
+    settled = [
+        e["seq"]
+        for e in original["events"]
+        if e["type"] == EventType.TOOL_RECONCILED and _of_call(e, cut)
+    ]
+    kinds = (EventType.TOOL_PLANNED, EventType.TOOL_INTENT, EventType.TOOL_RESULT)
+    used = [e["seq"] for e in retry["events"] if e["type"] in kinds and _of_call(e, cut)]
+    return bool(used) and (not settled or min(used) < min(settled))
+
+
+def race_findings(
+    original: dict[str, Any], retry: dict[str, Any], cut: int, applied: Mapping[str, int]
+) -> tuple[list[str], list[str]]:
+    """A RETRY of ``original`` sent while the answer about its call ``cut``
+    was held (both turns as GraphQL gives them: ``status``, ``events`` with
+    ``seq``, ``toolCalls``; one session, so ``seq`` orders them): where the
+    record contradicts the store or itself, and where the retry broke its
+    promise. ``applied`` says how many times the store applied each effect key."""
+    contradicts: list[str] = []
+    broken: list[str] = []
+    before = {c["index"]: c for c in original["toolCalls"]}.get(cut) or {}
+    old_key, state = before.get("effectKey"), before.get("state")
+    old_n = applied.get(old_key or "", 0)
+    if state not in (ToolCallState.RECONCILED_APPLIED, ToolCallState.RECONCILED_NOT_APPLIED):
+        contradicts.append(f"the earlier call {cut} is {state}, not settled")
+    elif verdict(state, old_n) != "agreed":
+        contradicts.append(f"the earlier call {cut} is {state}; the store applied its key {old_n}x")
+    if ran_before_settled(original, retry, cut):
+        contradicts.append(
+            f"the retry planned or ran call {cut} before the earlier one was settled"
+        )
+    for call in retry["toolCalls"]:
+        judged = verdict(call["state"], applied.get(call["effectKey"], 0))
+        if judged == "contradicted":
+            contradicts.append(
+                f"the retry's call {call['index']} is {call['state']}; the store applied"
+                f" its key {applied.get(call['effectKey'], 0)}x"
+            )
+        elif judged == "uncertain":
+            broken.append(f"the retry's call {call['index']} is of unknown outcome")
+    after = {c["index"]: c for c in retry["toolCalls"]}.get(cut) or {}
+    new_key = after.get("effectKey")
+    total = old_n + (applied.get(new_key or "", 0) if new_key != old_key else 0)
+    if total > 1:
+        contradicts.append(f"the effect is in the store {total} times")
+    elif total == 0:
+        broken.append("the effect was lost: neither call's key applied")
+    if retry["status"] != TurnStatus.COMPLETED:
+        broken.append(f"the retry is {retry['status']}, not COMPLETED")
+    return contradicts, broken
+
+
+def race_verdict(contradicts: list[str], broken: list[str]) -> str:
+    if contradicts:
+        return "contradicted"
+    return "broken" if broken else "agreed"
+
+
 @dataclass
 class Row:
     point: str
@@ -147,13 +227,14 @@ def summarize(observations: list[dict[str, Any]], *, runs: int, seconds: float) 
     for o in observations:
         row = rows.setdefault((o["point"], o["tool"]), Row(o["point"], o["tool"], o["kind"]))
         row.runs += 1
-        crashed = o["calls"][CRASHED_CALL]
+        cut = int(o.get("cut", CRASHED_CALL))  # the call the kill or the cancel met
+        crashed = o["calls"][cut]
         row.record[crashed["record"]] += 1
         row.store[crashed["store"]] += 1
         row.verdicts[crashed["verdict"]] += 1
-        for call in o["calls"][:CRASHED_CALL]:
+        for call in o["calls"][:cut]:
             earlier[call["verdict"]] += 1
-        for call in o["calls"][CRASHED_CALL + 1 :]:
+        for call in o["calls"][cut + 1 :]:
             later[call["verdict"]] += 1
     total = Counter[str]()
     for row in rows.values():

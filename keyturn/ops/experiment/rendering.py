@@ -59,9 +59,9 @@ def table(summary: dict[str, Any]) -> str:
     earlier, later = summary["earlierCalls"], summary["laterCalls"]
     out.append("")
     out.append(
-        f"The call before the point, in every turn: {_counts(earlier)}. "
+        f"The calls before the point, in every turn: {_counts(earlier)}. "
         f"The call after it, in the cancelled turns: {_counts(later) or 'none'}. "
-        f"Contradictions in all: {summary['contradictions']}; broken cancels: "
+        f"Contradictions in all: {summary['contradictions']}; broken cancels or retries: "
         f"{summary['broken']}. ({summary['runsPerPoint']} runs per point, {summary['seconds']} s)"
     )
     return "\n".join(out)

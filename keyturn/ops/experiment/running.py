@@ -21,6 +21,19 @@ calls, each held after the intent of its second call (the other test hook,
 ``turn.cancel_requested``, the held calls are released (a file appears). The
 call in flight must finish with its result, the one after it must not start,
 and the turn must end CANCELLED with the output so far.
+
+The ``retry racing reconciliation`` rows race a RETRY against the
+replacement's question about an IDEMPOTENT call it cut (the tools of that
+kind only). The after-write variant's turns are cut with the ``after_write``
+point's; the after-intent variant's, of four calls, at the end, after the
+intent of their last call (an index no other turn reaches, so the
+replacement's own crash point is never met by a retry). Each replacement
+holds every answer about the cut call once the store has given it and before
+``tool.reconciled`` records it (the hook's ``before_reconciled`` point, a
+retry's own question included); meanwhile each turn, INTERRUPTED with its
+call still OUTCOME_UNKNOWN and the store already answered, gets a
+``resolveInterruptedTurn`` RETRY; once the retries run, the answers are
+released. Both turns are then judged beside the store (``race_findings``).
 """
 
 from __future__ import annotations
@@ -45,6 +58,9 @@ from keyturn.ops.experiment.judging import (
     CRASHED_CALL,
     cancel_findings,
     cancel_verdict,
+    race_findings,
+    race_verdict,
+    ran_before_settled,
     read_verdict,
     set_verdict,
     summarize,
@@ -59,6 +75,10 @@ CANCELLED = "cancelled mid-tool"  # the row's point
 CANCELLED_CALLS = 3  # one before the call in flight, and one after it
 HELD_AT = f"after_intent:{CRASHED_CALL}"
 SEEDED = "seeded"  # what the store holds under every name a read asks for
+RACE = "retry racing reconciliation"
+# The after-intent variant's cut call: past every call the cancelled and
+# control turns make, so the server that runs them can cut these.
+RACE_CUT = CANCELLED_CALLS
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +111,7 @@ SUBJECTS = (
     _mcp("write", ToolKind.IDEMPOTENT),
     _mcp("append", ToolKind.UNSAFE),
 )
+RACE_SUBJECTS = tuple(s for s in SUBJECTS if s.kind is ToolKind.IDEMPOTENT)
 
 _TURN = """query($id: ID!) { turn(id: $id) { id status
   toolCalls { index tool kind state effectKey result } } }"""
@@ -100,6 +121,10 @@ _CANCELLED_TURN = """query($id: ID!) { turn(id: $id) { id status output
   events { type data } toolCalls { index tool kind state effectKey result } } }"""
 _CANCEL = """mutation($i: CancelTurnInput!) { cancelTurn(input: $i) {
   __typename ... on TurnCancellation { replayed turn { status cancelRequested } } } }"""
+_RACE_TURN = """query($id: ID!) { turn(id: $id) { id status
+  events { seq type data } toolCalls { index tool kind state effectKey result } } }"""
+_RETRY = """mutation($i: ResolveInterruptedTurnInput!) { resolveInterruptedTurn(input: $i) {
+  __typename ... on TurnResolved { retry { id } } } }"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,15 +137,21 @@ class Submitted:
 
 
 # -- processes and HTTP -------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """A server's test hooks: where it kills itself, after how many calls,
+    and where it holds calls until a file appears."""
+
+    crash_at: str | None = None  # POINT:INDEX
+    crash_after: int = 1
+    hold_at: str | None = None  # POINT:INDEX
+    release: Path | None = None
+
+
 def _start_server(
-    database_url: str,
-    workdir: Path,
-    tools_file: Path,
-    runs: int,
-    crash_at: str | None,
-    release: Path | None = None,
+    database_url: str, workdir: Path, tools_file: Path, runs: int, hooks: Hooks
 ) -> ServerProcess:
-    turns = runs * len(SUBJECTS)
+    turns = runs * (len(SUBJECTS) + len(RACE_SUBJECTS))
     env = {
         "KEYTURN_LEASE_TTL_S": "2",
         "KEYTURN_LEASE_RENEW_S": "0.4",
@@ -133,12 +164,12 @@ def _start_server(
         "KEYTURN_LOG_LEVEL": "warning",
         "KEYTURN_TOOLS_FILE": str(tools_file),
     }
-    if crash_at is not None:
-        env["KEYTURN_CRASH_AT"] = f"{crash_at}:{CRASHED_CALL}"
-        env["KEYTURN_CRASH_AFTER"] = str(turns)
-    if release is not None:
-        env["KEYTURN_HOLD_AT"] = HELD_AT
-        env["KEYTURN_HOLD_UNTIL"] = str(release)
+    if hooks.crash_at is not None:
+        env["KEYTURN_CRASH_AT"] = hooks.crash_at
+        env["KEYTURN_CRASH_AFTER"] = str(hooks.crash_after)
+    if hooks.hold_at is not None and hooks.release is not None:
+        env["KEYTURN_HOLD_AT"] = hooks.hold_at
+        env["KEYTURN_HOLD_UNTIL"] = str(hooks.release)
     return start_server(database_url, workdir, env=env)
 
 
@@ -175,6 +206,21 @@ def _synthetic_counts(database_url: str, keys: list[str]) -> dict[str, int]:
         try:
             async with connect(engine) as conn:
                 return await synthetic_store.applied_counts(conn, keys=keys)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(read())
+
+
+def _synthetic_answered(database_url: str, keys: list[str]) -> set[str]:
+    from keyturn.db import synthetic_store
+    from keyturn.db.engine import connect, create_engine
+
+    async def read() -> set[str]:
+        engine = create_engine(database_url, pool_size=1)
+        try:
+            async with connect(engine) as conn:
+                return await synthetic_store.answered(conn, keys=keys)
         finally:
             await engine.dispose()
 
@@ -233,10 +279,12 @@ def _submit_all(
     point: str,
     runs: int,
     calls: int = CALLS_PER_TURN,
+    subjects: tuple[Subject, ...] = SUBJECTS,
+    tag: str | None = None,
 ) -> list[Submitted]:
     turns: list[Submitted] = []
-    point = point.split()[0]  # one word: names and values are read up to a space
-    for subject in SUBJECTS:
+    point = tag or point.split()[0]  # one word: names and values are read up to a space
+    for subject in subjects:
         for run in range(runs):
             names = tuple(f"{subject.tool}-{point}-{run}-{i}" for i in range(calls))
             value = f"{point}-{run}"
@@ -379,42 +427,231 @@ def _observe(
     return observations
 
 
+# -- a retry racing reconciliation ---------------------------------------------
+def _race_point(cut_at: str) -> str:
+    return f"{RACE} ({cut_at})"
+
+
+def _retry_while_held(
+    server: ServerProcess,
+    database_url: str,
+    store: sqlite_store.Store,
+    turns: list[Submitted],
+    cut: int,
+    progress: Progress,
+    label: str,
+) -> dict[str, str]:
+    """RETRY each turn once it is INTERRUPTED, its call ``cut`` still of
+    unknown outcome in the record (the answer is held) and answered in the
+    store; then see every retry start. Each turn's retry, by its id."""
+    deadline = time.monotonic() + 60
+    pending = {t.turn_id: t for t in turns}
+    retries: dict[str, str] = {}
+    while pending:
+        for turn_id, t in sorted(pending.items()):
+            turn = _gql(server, _TURN, {"id": turn_id})["turn"]
+            if turn["status"] != TurnStatus.INTERRUPTED:
+                continue
+            state = {c["index"]: c["state"] for c in turn["toolCalls"]}.get(cut)
+            if state != ToolCallState.OUTCOME_UNKNOWN:
+                raise RuntimeError(
+                    f"turn {turn_id}: call {cut} is {state} while its answer is held"
+                )
+            key = f"{turn_id}/{cut}"
+            synthetic = t.subject.tool.startswith("synthetic_")
+            if not (
+                _synthetic_answered(database_url, [key]) if synthetic else store.answered([key])
+            ):
+                continue  # the question has not reached the store yet
+            answer = _gql(
+                server,
+                _RETRY,
+                {"i": {"turnId": turn_id, "action": "RETRY", "idempotencyKey": f"retry-{turn_id}"}},
+            )["resolveInterruptedTurn"]
+            if answer["__typename"] != "TurnResolved":
+                raise RuntimeError(f"turn {turn_id}: RETRY answered {answer}")
+            retries[turn_id] = answer["retry"]["id"]
+            del pending[turn_id]
+        progress(f"{label}: {len(retries)}/{len(turns)} retries sent, the answers held")
+        if pending:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"turns not interrupted and asked in time: {sorted(pending)}")
+            time.sleep(0.25)
+    # Running, each retry settles the earlier turn first, and its own
+    # question meets the same hold.
+    waiting = set(retries.values())
+    while waiting:
+        for retry_id in sorted(waiting):
+            if _gql(server, _TURN, {"id": retry_id})["turn"]["status"] != TurnStatus.QUEUED:
+                waiting.discard(retry_id)
+        if waiting:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"retries not started in time: {sorted(waiting)}")
+            time.sleep(0.1)
+    progress(f"{label}: {len(retries)}/{len(turns)} retries started; releasing the answers")
+    return retries
+
+
+def _observe_race(
+    server: ServerProcess,
+    database_url: str,
+    store: sqlite_store.Store,
+    point: str,
+    turns: list[Submitted],
+    retries: dict[str, str],
+    cut: int,
+    progress: Progress,
+) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 120
+    pending = {t.turn_id for t in turns}
+    seen: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    while pending:
+        for turn_id in sorted(pending):
+            original = _gql(server, _RACE_TURN, {"id": turn_id})["turn"]
+            retry = _gql(server, _RACE_TURN, {"id": retries[turn_id]})["turn"]
+            # A retry that ran the call before the settlement is a finding
+            # already; it may never end (the server's crash point can hold it).
+            done = retry["status"] in TERMINAL_STATUSES
+            if _settled(original, crashed=True) and (
+                done or ran_before_settled(original, retry, cut)
+            ):
+                seen[turn_id] = (original, retry)
+                pending.discard(turn_id)
+        progress(f"{point}: {len(turns) - len(pending)}/{len(turns)} turns and retries settled")
+        if pending:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"turns or retries not settled in time: {sorted(pending)}")
+            time.sleep(0.25)
+    judge = _Judge(database_url, store, turns)
+    keys = [c["effectKey"] for pair in seen.values() for turn in pair for c in turn["toolCalls"]]
+    applied = {**_synthetic_counts(database_url, keys)}
+    for key, n in store.applied_counts(keys).items():
+        applied[key] = applied.get(key, 0) + n
+    observations = []
+    for t in turns:
+        original, retry = seen[t.turn_id]
+        by_index = {c["index"]: c for c in original["toolCalls"]}
+        calls: list[dict[str, Any]] = []
+        for index in range(len(t.names)):
+            call = by_index.get(index)
+            state = call["state"] if call is not None else None
+            key = call["effectKey"] if call is not None else f"{t.turn_id}/{index}"
+            says, judged = judge.call(
+                t.subject, state, call, key=key, name=t.names[index], value=t.value
+            )
+            calls.append(
+                {
+                    "index": index,
+                    "effectKey": key,
+                    "name": t.names[index],
+                    "record": state or "NOT_STARTED",
+                    "store": says,
+                    "verdict": judged,
+                }
+            )
+        contradicts, broken = race_findings(original, retry, cut, applied)
+        again = {c["index"]: c for c in retry["toolCalls"]}.get(cut) or {}
+        raced = calls[cut]
+        retry_key = again.get("effectKey")
+        total = applied.get(raced["effectKey"], 0)
+        if retry_key is not None and retry_key != raced["effectKey"]:
+            total += applied.get(retry_key, 0)
+        raced.update(
+            record=f"{raced['record']} then {again.get('state', 'NOT_STARTED')}",
+            store=_applied_label(total),
+            verdict=race_verdict(contradicts, broken),
+            retry={"turnId": retry["id"], "effectKey": retry_key, "state": again.get("state")},
+        )
+        observations.append(
+            {
+                "point": point,
+                "tool": t.subject.tool,
+                "kind": t.subject.kind.value,
+                "run": t.run,
+                "turnId": t.turn_id,
+                "status": original["status"],
+                "cut": cut,
+                "calls": calls,
+                "retry": {"turnId": retry["id"], "status": retry["status"]},
+                "race": {"contradicts": contradicts, "broken": broken},
+            }
+        )
+    return observations
+
+
+def _killed(server: ServerProcess, point: str) -> None:
+    try:
+        server.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the server did not stop at {point}") from None
+    if server.proc.returncode != -signal.SIGKILL:
+        raise RuntimeError(
+            f"the server exited with {server.proc.returncode}, not SIGKILL:\n" + server.log()
+        )
+
+
 def _run(
     url: str, workdir: Path, store: sqlite_store.Store, runs: int, progress: Progress
 ) -> list[dict[str, Any]]:
     tools = sqlite_store.tools_file(workdir / "tools.toml", store.path)
     count = runs * len(SUBJECTS)
+    racing = runs * len(RACE_SUBJECTS)
     observations: list[dict[str, Any]] = []
+    raced: list[dict[str, Any]] = []  # shown last
     started: list[ServerProcess] = []
 
-    release = workdir / "release-held-calls"
-
-    def start(crash_at: str | None) -> ServerProcess:
-        # Only the last server holds calls (for the cancelled row): a crash
-        # point's turns held at after_intent would never reach their kill.
-        held = release if crash_at is None else None
-        started.append(_start_server(url, workdir, tools, runs, crash_at, held))
+    def start(hooks: Hooks) -> ServerProcess:
+        started.append(_start_server(url, workdir, tools, runs, hooks))
         return started[-1]
 
+    def cut_at(point: str, turns: int) -> Hooks:
+        return Hooks(f"{point}:{CRASHED_CALL}", turns)
+
+    # The replacements that hold the answers about the racing turns' cut call.
+    answers = (workdir / "release-answers-1", workdir / "release-answers-2")
+    hold_answers = f"before_reconciled:{CRASHED_CALL}"
+    release = workdir / "release-held-calls"
     try:
         progress("starting a server")
-        server = start(POINTS[0])
+        server = start(cut_at(POINTS[0], count))
         for n, point in enumerate(POINTS):
             label = f"crash point {n + 1}/{len(POINTS)} {point}"
             progress(f"{label}: running {count} turns")
             turns = _submit_all(server, store, point, runs)
-            try:
-                server.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"the server did not stop at {point}") from None
-            if server.proc.returncode != -signal.SIGKILL:
-                raise RuntimeError(
-                    f"the server exited with {server.proc.returncode}, not SIGKILL:\n"
-                    + server.log()
+            racers: list[Submitted] = []
+            if point == "after_write":
+                racers = _submit_all(
+                    server, store, point, runs, subjects=RACE_SUBJECTS, tag="race-write"
                 )
+            _killed(server, point)
             progress(f"{label}: killed; starting a replacement")
-            server = start(POINTS[n + 1] if n + 1 < len(POINTS) else None)
+            if n + 1 < len(POINTS):
+                following = POINTS[n + 1]
+                hooks = cut_at(following, count + (racing if following == "after_write" else 0))
+            else:
+                # The last server runs the cancelled and control turns, then
+                # cuts the after-intent racing turns at a call those never make.
+                hooks = Hooks(f"after_intent:{RACE_CUT}", racing, HELD_AT, release)
+            if racers:
+                hooks = Hooks(hooks.crash_at, hooks.crash_after, hold_answers, answers[0])
+            server = start(hooks)
+            if racers:
+                retries = _retry_while_held(
+                    server, url, store, racers, CRASHED_CALL, progress, label
+                )
+                answers[0].touch()
             observations += _observe(server, url, store, point, turns, True, progress, label)
+            if racers:
+                raced += _observe_race(
+                    server,
+                    url,
+                    store,
+                    _race_point(point),
+                    racers,
+                    retries,
+                    CRASHED_CALL,
+                    progress,
+                )
         label = CANCELLED
         progress(f"{label}: running {count} turns")
         turns = _submit_all(server, store, CANCELLED, runs, CANCELLED_CALLS)
@@ -427,11 +664,22 @@ def _run(
         progress(f"{label}: running {count} turns")
         turns = _submit_all(server, store, "none", runs)
         observations += _observe(server, url, store, "none", turns, False, progress, label)
+        label = _race_point("after_intent")
+        progress(f"{label}: running {racing} turns")
+        racers = _submit_all(
+            server, store, label, runs, RACE_CUT + 1, RACE_SUBJECTS, tag="race-intent"
+        )
+        _killed(server, label)
+        progress(f"{label}: killed; starting a replacement")
+        server = start(Hooks(hold_at=f"before_reconciled:{RACE_CUT}", release=answers[1]))
+        retries = _retry_while_held(server, url, store, racers, RACE_CUT, progress, label)
+        answers[1].touch()
+        raced += _observe_race(server, url, store, label, racers, retries, RACE_CUT, progress)
     finally:
         # Stopped before the throwaway database is dropped, even after a failure.
         for each in started:
             each.stop()
-    return observations
+    return observations + raced
 
 
 def run_interruption(

@@ -117,6 +117,12 @@ class Store:
         found = {str(k): int(applied) for k, applied in rows}
         return {key: found.get(key, 0) for key in keys}
 
+    def answered(self, keys: Sequence[str]) -> frozenset[str]:
+        """The keys the store has an answer for: applied, or settled by a question."""
+        with self._connection() as conn:
+            rows = conn.execute("SELECT key FROM keyed").fetchall()
+        return frozenset(str(k) for (k,) in rows) & frozenset(keys)
+
     def append_counts(self, names: Sequence[str]) -> dict[str, int]:
         with self._connection() as conn:
             rows = conn.execute("SELECT name, count(*) FROM appended GROUP BY name").fetchall()
