@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, TypedDict
 
 import orjson
 
@@ -423,9 +423,9 @@ STATEMENT_RUNS: dict[str, Run] = {"claim": _claim, "sweep": _sweep}
 
 
 def _conn(raw: Any) -> Conn:
-    # Keyturn's statements run on the driver connection beneath the pool
-    # (keyturn.db.sql); there is no pool here.
-    return Conn(raw, cast(Any, None))
+    # Keyturn's statements run on a bare asyncpg connection (keyturn.db.sql);
+    # there is no pool here.
+    return Conn(raw)
 
 
 async def _time_statement(url: str, run: Run, runs: int) -> Timing:

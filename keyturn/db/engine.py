@@ -1,10 +1,9 @@
-"""Connections: the pool (SQLAlchemy's, over asyncpg), the URL forms Keyturn
-accepts, and :func:`connect`, the one way the runtime gets a connection.
+"""Connections: the pool (asyncpg's), the URL forms Keyturn accepts, and
+:func:`connect`, the one way the runtime gets a connection.
 
-Statements do not go through SQLAlchemy (see :mod:`keyturn.db.sql`): a
-:class:`Conn` carries the asyncpg connection beneath the pooled one. The pool
-stays SQLAlchemy's for its replacement of connections the server closed and
-its invalidation of connections that failed mid-statement; Alembic runs on it.
+Statements run on the asyncpg connection a :class:`Conn` carries (see
+:mod:`keyturn.db.sql`). SQLAlchemy keeps the URL parsing here and the
+migrations (:mod:`keyturn.db.migrate`, on an engine of their own).
 """
 
 from __future__ import annotations
@@ -19,17 +18,10 @@ from typing import Any
 
 import asyncpg
 import orjson
-from sqlalchemy import event
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from keyturn.db.failures import DRIVER_ERRORS, is_busy, is_unavailable
 from keyturn.errors import DatabaseBusy, DatabaseUnavailable
-
-# What the layers above pass around: the pool. They only hand it back to
-# ``connect`` (and dispose of it), so they need not know whose pool it is.
-Engine = AsyncEngine
 
 
 class DatabaseUrlError(ValueError):
@@ -184,60 +176,141 @@ async def raw_connect(url: str, *, server_settings: dict[str, str] | None = None
     return await asyncpg.connect(**connect_params(url, server_settings=server_settings))
 
 
-def create_engine(url: str, *, pool_size: int = 10, pool_timeout: float = 30.0) -> AsyncEngine:
-    params = connect_params(url)
+class Engine:
+    """The pool of one kind of work: asyncpg's own, opened on first use.
 
-    async def _connect() -> Any:
-        # The pool's connections are made here rather than by the dialect,
-        # which would hand every URL parameter to asyncpg as a keyword.
-        return await asyncpg.connect(**params)
+    What it promises: a connection the server closed while it sat idle (a
+    restart, ``pg_terminate_backend``) is replaced at checkout, never handed
+    out dead (asyncpg's pool reconnects a holder whose connection is closed);
+    a connection that failed mid-statement or whose task was cancelled
+    mid-query is terminated, never reused (:func:`connect`); at most
+    ``pool_size`` connections, and a checkout that waits ``pool_timeout``
+    seconds for one is :class:`~keyturn.errors.DatabaseBusy`.
 
-    engine = create_async_engine(
-        sqlalchemy_url(url),
-        async_creator=_connect,
-        pool_size=pool_size,
-        # Seconds a checkout waits for a free connection before
-        # ``connect`` raises DatabaseUnavailable (the pool's TimeoutError).
-        pool_timeout=pool_timeout,
-        # Every statement of the runtime is its own transaction (one round
-        # trip); set once here rather than on every checkout (~25 µs each).
-        # Migrations ask for a real transaction (keyturn.db.migrate).
-        isolation_level="AUTOCOMMIT",
-        # No overflow: connections opened for a burst and closed after it cost
-        # a connect each time and lose their prepared statements. Size the pool.
-        max_overflow=0,
-        # No ping (a round trip on every checkout): the check below is free.
-        pool_pre_ping=False,
-        pool_recycle=3600,
-        # The dialect installs this as the driver's jsonb decoder, so event
-        # data arrives as dicts on the asyncpg connection too.
-        json_deserializer=orjson.loads,
-    )
-    event.listen(engine.sync_engine.pool, "checkout", _refuse_closed)
-    return engine
+    No SQLAlchemy on this path: its pool cost a few greenlet switches per
+    checkout, on every request and every worker write. Alembic gets an engine
+    of its own when it migrates (:mod:`keyturn.db.migrate`).
+    """
+
+    __slots__ = ("_in_use", "_params", "_pool", "_size", "_timeout", "url")
+
+    def __init__(self, url: str, *, pool_size: int, pool_timeout: float) -> None:
+        self.url = url
+        # Translated now, so that a URL Keyturn cannot honour stops the
+        # start with DatabaseUrlError rather than the first request.
+        self._params = connect_params(url)
+        self._size = pool_size
+        self._timeout = pool_timeout
+        self._pool: Any = None
+        self._in_use = 0
+
+    def size(self) -> int:
+        """How many connections the pool may hold."""
+        return self._size
+
+    def checkedout(self) -> int:
+        """How many of them are in use now."""
+        return self._in_use
+
+    async def _open(self) -> Any:
+        # Made here, in the event loop, not in __init__: engines are built
+        # before a loop runs, and asyncpg's pool belongs to one. With no
+        # connection to open at start (min_size 0: connections are made on
+        # demand, as before), the await below does not suspend, so two first
+        # checkouts cannot both get here; the check is for safety.
+        params = self._params
+        pool = asyncpg.create_pool(
+            min_size=0,
+            max_size=self._size,
+            # Idle connections stay: a connection opened for a burst keeps
+            # its prepared statements for the next one. asyncpg replaces a
+            # connection after 50,000 queries (its max_queries), so none
+            # lives for ever.
+            max_inactive_connection_lifetime=0,
+            connect=lambda *_, **__: _connection(params),
+            reset=_no_reset,
+        )
+        await pool
+        if self._pool is None:
+            self._pool = pool
+        else:
+            await pool.close()
+        return self._pool
+
+    async def dispose(self) -> None:
+        """Close the pool's connections; the next checkout opens a new pool.
+
+        A connection still checked out is waited for (asyncpg's ``close``),
+        for at most ten seconds; then every connection is terminated."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(pool.close(), _DISPOSE_WAIT_S)
 
 
-def _refuse_closed(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-    """A pooled connection the server closed while it sat idle (a restart,
-    ``pg_terminate_backend``) is replaced at checkout, so the request that
-    draws it does not fail. asyncpg has already seen the socket close."""
-    driver = getattr(dbapi_connection, "driver_connection", None)
-    if driver is not None and driver.is_closed():
-        raise sa_exc.DisconnectionError("connection closed by the server while idle")
+# How long dispose waits for checked-out connections to come back.
+_DISPOSE_WAIT_S = 10.0
+
+
+def create_engine(url: str, *, pool_size: int = 10, pool_timeout: float = 30.0) -> Engine:
+    return Engine(url, pool_size=pool_size, pool_timeout=pool_timeout)
+
+
+def _jsonb_encode(text: str) -> bytes:
+    # Statements pass JSONB as JSON text; 1 is the binary format's version.
+    return b"\x01" + text.encode()
+
+
+def _jsonb_decode(data: bytes) -> Any:
+    return orjson.loads(data[1:])
+
+
+def _json_decode(data: bytes) -> Any:
+    return orjson.loads(data)
+
+
+async def _connection(params: dict[str, Any]) -> Any:
+    """One connection of a pool: from the URL as :func:`connect_params`
+    translates it for every connection, with JSON and JSONB read into Python
+    values by orjson, as every statement expects (JSONB parameters go in as
+    JSON text). Builtin types: setting their codecs costs no round trip."""
+    conn = await asyncpg.connect(**params)
+    try:
+        await conn.set_type_codec(
+            "json", encoder=str.encode, decoder=_json_decode, schema="pg_catalog", format="binary"
+        )
+        await conn.set_type_codec(
+            "jsonb",
+            encoder=_jsonb_encode,
+            decoder=_jsonb_decode,
+            schema="pg_catalog",
+            format="binary",
+        )
+    except BaseException:
+        conn.terminate()
+        raise
+    return conn
+
+
+async def _no_reset(_conn: Any) -> None:
+    """Nothing to reset on release: every statement is its own transaction,
+    no session setting or advisory lock outlives one, LISTEN has a dedicated
+    connection, and asyncpg rolls back a transaction left open. asyncpg's
+    default reset (``RESET ALL``, ``UNLISTEN *``, …) is a round trip on every
+    release."""
 
 
 class Conn:
     """A pooled connection, as the statements of :mod:`keyturn.db` take it."""
 
-    __slots__ = ("driver", "pooled")
+    __slots__ = ("driver",)
 
-    def __init__(self, driver: Any, pooled: AsyncConnection) -> None:
+    def __init__(self, driver: Any) -> None:
         self.driver = driver  # the asyncpg connection
-        self.pooled = pooled
 
 
 @asynccontextmanager
-async def connect(engine: AsyncEngine) -> AsyncIterator[Conn]:
+async def connect(engine: Engine) -> AsyncIterator[Conn]:
     """A pooled connection in autocommit mode: each statement is its own
     transaction, which is one round trip for the single-statement writes.
 
@@ -247,20 +320,41 @@ async def connect(engine: AsyncEngine) -> AsyncIterator[Conn]:
     :class:`~keyturn.errors.DatabaseBusy`; nothing above ``db`` sees a driver
     exception of that kind."""
     try:
-        async with engine.connect() as pooled:
-            raw = await pooled.get_raw_connection()
-            try:
-                yield Conn(raw.driver_connection, pooled)
-            except BaseException as error:
-                if is_unavailable(error) or isinstance(error, asyncio.CancelledError):
-                    # The statement failed on the driver connection, where
-                    # SQLAlchemy did not see it: never hand a connection that
-                    # failed mid-statement back to the pool, where the next
-                    # checkout (the re-read that settles an admission, say)
-                    # would draw it.
-                    with contextlib.suppress(Exception):
-                        await pooled.invalidate()
-                raise
+        pool = engine._pool or await engine._open()
+        try:
+            # asyncio.timeout rather than acquire(timeout=): the latter runs
+            # the checkout in a task of its own (wait_for) every time.
+            async with asyncio.timeout(engine._timeout):
+                pooled = await pool.acquire()
+        except TimeoutError:
+            if engine._in_use >= engine._size:
+                raise DatabaseBusy() from None
+            # A free slot, but no connection made in time: the server is
+            # not answering, which is not the pool being busy.
+            raise DatabaseUnavailable() from None
+        # The connection beneath the pool's proxy: once the server closes
+        # it, the proxy is detached and every call on it says "released back
+        # to the pool"; the connection itself says "closed", which
+        # failures.is_unavailable reads as the lost connection it is.
+        driver = pooled._con
+        engine._in_use += 1
+        try:
+            yield Conn(driver)
+        except BaseException as error:
+            if is_unavailable(error) or isinstance(error, asyncio.CancelledError):
+                # Never hand a connection that failed mid-statement back to
+                # the pool, where the next checkout (the re-read that
+                # settles an admission, say) would draw it in an unknown
+                # state, or a late cancel would reach its next statement.
+                # Its slot goes back and is connected anew at checkout.
+                driver.terminate()
+            raise
+        finally:
+            engine._in_use -= 1
+            # A failed release has already terminated the connection
+            # (asyncpg does); the statements' outcome stands.
+            with contextlib.suppress(Exception):
+                await pool.release(pooled)
     except DRIVER_ERRORS as error:
         if is_busy(error):
             raise DatabaseBusy() from error

@@ -11,12 +11,10 @@ race for a key) becomes a typed result of the function that ran it, found by
 from __future__ import annotations
 
 import asyncpg
-from sqlalchemy import exc as sa_exc
 
-# Everything the driver and the pool raise for a failed statement or connection.
+# Everything the driver and the pool raise for a failed statement or connection
+# (a checkout that waits too long is DatabaseBusy already, in ``connect``).
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (
-    sa_exc.DBAPIError,
-    sa_exc.TimeoutError,
     OSError,
     ConnectionError,
     asyncpg.PostgresError,
@@ -45,25 +43,22 @@ def sqlstate_of(error: BaseException) -> str | None:
 
 def is_busy(error: BaseException) -> bool:
     """The database refused to wait any longer, and nothing of the statement
-    committed: no connection of the pool came free within its timeout (the
-    process is saturated for now), or the server cancelled the statement
+    committed: the server cancelled the statement
     (statement_timeout, or an operator's pg_cancel_backend: 57014) or its lock
     wait (lock_timeout: 55P03). PostgreSQL never raises either once a commit
-    has begun, so a retry may succeed and need not re-read anything.
+    has begun, so a retry may succeed and need not re-read anything. (A
+    checkout that found no free connection in time is busy too: ``connect``
+    raises that DatabaseBusy itself.)
 
     A cancel Keyturn issues itself (a task cancelled mid-statement) never gets
     here: the task sees ``CancelledError``, not the server's 57014, and
     :func:`keyturn.db.engine.connect` drops that connection rather than let a
     late cancel reach the next statement on it."""
-    if isinstance(error, sa_exc.TimeoutError):
-        return True
     return sqlstate_of(error) in _BUSY_STATES
 
 
 def is_unavailable(error: BaseException) -> bool:
     if is_busy(error):
-        return True
-    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
         return True
     if isinstance(
         error, OSError | ConnectionError | asyncpg.exceptions.ConnectionDoesNotExistError

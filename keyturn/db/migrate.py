@@ -1,20 +1,31 @@
-"""Apply Alembic migrations, serialised across processes by an advisory lock."""
+"""Apply Alembic migrations, serialised across processes by an advisory lock.
+
+Alembic runs on SQLAlchemy: it gets an engine of its own, made for one
+migration and closed after it, never the runtime's pool (asyncpg's)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from keyturn.db.engine import Engine, connect, raw_connect, sqlalchemy_url
+from keyturn.db.sql import Statement
 
 _HERE = Path(__file__).parent / "migrations"
 # Any constant will do; it only has to be the same in every Keyturn process.
 _LOCK_KEY = 0x6B65797475726E  # "keyturn"
+# Alembic's own table (its default name, in the search path's schema).
+_VERSIONS = Statement("SELECT version_num FROM alembic_version")
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -29,6 +40,26 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
+@asynccontextmanager
+async def alembic_connection(engine: Engine) -> AsyncIterator[AsyncConnection]:
+    """A SQLAlchemy connection to the engine's database, for Alembic: on a
+    one-off engine whose connection is made as the pool's are (the same URL
+    translation) and closed at the end."""
+    url = engine.url
+
+    async def make() -> Any:
+        return await raw_connect(url)
+
+    alembic_engine = create_async_engine(
+        sqlalchemy_url(url), async_creator=make, poolclass=NullPool
+    )
+    try:
+        async with alembic_engine.connect() as conn:
+            yield conn
+    finally:
+        await alembic_engine.dispose()
+
+
 def _upgrade(connection: Connection) -> None:
     # Held until this transaction ends: two processes starting together take
     # turns, and the second finds nothing left to do.
@@ -36,20 +67,23 @@ def _upgrade(connection: Connection) -> None:
     command.upgrade(alembic_config(connection), "head")
 
 
-def _current(connection: Connection) -> Any:
-    return MigrationContext.configure(connection).get_current_revision()
+async def upgrade(engine: Engine) -> None:
+    # One transaction: the advisory lock is held to its end, and the DDL
+    # commits or rolls back as one.
+    async with alembic_connection(engine) as conn, conn.begin():
+        await conn.run_sync(_upgrade)
 
 
-async def upgrade(engine: AsyncEngine) -> None:
-    # A real transaction, whatever the engine's default: the advisory lock is
-    # held to its end, and the DDL commits or rolls back as one.
-    async with engine.connect() as conn:
-        await conn.execution_options(isolation_level="READ COMMITTED")
-        async with conn.begin():
-            await conn.run_sync(_upgrade)
-
-
-async def current_revision(engine: AsyncEngine) -> str | None:
-    async with engine.connect() as conn:
-        rev = await conn.run_sync(_current)
-    return str(rev) if rev is not None else None
+async def current_revision(engine: Engine) -> str | None:
+    """The revision the database records (None before the first migration),
+    read on the pool: the readiness probe asks on every call."""
+    async with connect(engine) as conn:
+        try:
+            rows = await _VERSIONS.fetch(conn)
+        except asyncpg.UndefinedTableError:
+            return None
+    if len(rows) > 1:
+        # What Alembic's get_current_revision refuses too; Keyturn's
+        # migrations have one line of descent.
+        raise RuntimeError("alembic_version records more than one head")
+    return str(rows[0]["version_num"]) if rows else None

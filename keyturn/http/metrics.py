@@ -142,12 +142,10 @@ async def _turn_counts(runtime: Runtime) -> dict[str, int] | None:
 
 def sample(runtime: Runtime) -> None:
     """Copy this process's gauges from the runtime."""
-    pool: Any = runtime.engine.pool
-    POOL_IN_USE.set(pool.checkedout())
-    POOL_SIZE.set(pool.size())
-    work_pool: Any = runtime.work_engine.pool
-    WORK_POOL_IN_USE.set(work_pool.checkedout())
-    WORK_POOL_SIZE.set(work_pool.size())
+    POOL_IN_USE.set(runtime.engine.checkedout())
+    POOL_SIZE.set(runtime.engine.size())
+    WORK_POOL_IN_USE.set(runtime.work_engine.checkedout())
+    WORK_POOL_SIZE.set(runtime.work_engine.size())
     SUBSCRIPTIONS.set(runtime.bus.subscriber_count)
     RUNNING.set(runtime.worker.running_count)
     for attr, counter in (("interrupted", INTERRUPTIONS), ("reconnects", LISTENER_RECONNECTS)):

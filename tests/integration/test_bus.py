@@ -9,14 +9,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from keyturn.db.engine import create_engine
+from keyturn.db.engine import Engine, create_engine
 from keyturn.runtime.bus import CACHE_EVENTS, EventBus, Subscriber
 
 
 @pytest.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+async def engine(database_url: str) -> AsyncIterator[Engine]:
     e = create_engine(database_url, pool_size=2)
     yield e
     await e.dispose()
@@ -47,7 +46,7 @@ async def drain(bus: EventBus, sub: Subscriber) -> list[int]:
 
 
 async def test_a_lagging_subscriber_reads_from_its_cursor_and_misses_nothing(
-    engine: AsyncEngine, db: Any
+    engine: Engine, db: Any
 ) -> None:
     sid = uuid.uuid4()
     await db.execute("INSERT INTO sessions (id, default_history) VALUES ($1, 'FULL')", sid)
@@ -74,9 +73,7 @@ async def test_a_lagging_subscriber_reads_from_its_cursor_and_misses_nothing(
     assert sid not in bus._channels
 
 
-async def test_the_safety_net_poll_finds_news_no_wake_up_announced(
-    engine: AsyncEngine, db: Any
-) -> None:
+async def test_the_safety_net_poll_finds_news_no_wake_up_announced(engine: Engine, db: Any) -> None:
     sid = uuid.uuid4()
     await db.execute("INSERT INTO sessions (id, default_history) VALUES ($1, 'FULL')", sid)
     bus = EventBus(engine, poll_s=0.2)

@@ -8,10 +8,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from keyturn.db import leases
-from keyturn.db.engine import connect, create_engine
+from keyturn.db.engine import Engine, connect, create_engine
 from keyturn.domain import EventType, History, TurnStatus
 from keyturn.runtime.admission import AdmissionOutcome, admit_turn
 from keyturn.runtime.finisher import Finisher
@@ -44,13 +43,13 @@ async def finish_one(
 
 
 @pytest.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+async def engine(database_url: str) -> AsyncIterator[Engine]:
     e = create_engine(database_url, pool_size=4)
     yield e
     await e.dispose()
 
 
-async def queued_turn(engine: AsyncEngine, db: Any) -> uuid.UUID:
+async def queued_turn(engine: Engine, db: Any) -> uuid.UUID:
     sid = uuid.uuid4()
     await db.execute("INSERT INTO sessions (id, default_history) VALUES ($1, 'FULL')", sid)
     admission = await admit_turn(
@@ -60,7 +59,7 @@ async def queued_turn(engine: AsyncEngine, db: Any) -> uuid.UUID:
     return admission.turn.id
 
 
-async def test_a_stale_owners_write_is_refused_and_recorded(engine: AsyncEngine, db: Any) -> None:
+async def test_a_stale_owners_write_is_refused_and_recorded(engine: Engine, db: Any) -> None:
     turn_id = await queued_turn(engine, db)
     async with connect(engine) as conn:
         [claimed] = (await leases.claim(conn, owner="old", ttl_s=30, limit=10)).turns
@@ -100,7 +99,7 @@ async def test_a_stale_owners_write_is_refused_and_recorded(engine: AsyncEngine,
     assert [e["seq"] for e in events] == [1, 2, 3, 4]
 
 
-async def test_a_new_claim_fences_out_the_previous_epoch(engine: AsyncEngine, db: Any) -> None:
+async def test_a_new_claim_fences_out_the_previous_epoch(engine: Engine, db: Any) -> None:
     turn_id = await queued_turn(engine, db)
     async with connect(engine) as conn:
         [first] = (await leases.claim(conn, owner="a", ttl_s=30, limit=1)).turns
@@ -136,7 +135,7 @@ async def test_a_new_claim_fences_out_the_previous_epoch(engine: AsyncEngine, db
 
 
 async def test_concurrent_claimers_never_run_two_turns_of_one_session(
-    engine: AsyncEngine, db: Any
+    engine: Engine, db: Any
 ) -> None:
     sid = uuid.uuid4()
     await db.execute("INSERT INTO sessions (id, default_history) VALUES ($1, 'FULL')", sid)
@@ -169,7 +168,7 @@ async def test_a_draining_process_answers_retryable_and_claims_nothing(
 
 
 async def test_writers_lock_the_session_before_the_turn(
-    engine: AsyncEngine, db: Any, database_url: str
+    engine: Engine, db: Any, database_url: str
 ) -> None:
     """Admission holds the session row while its ON CONFLICT check may wait on
     the transaction updating the turn that owns the key. So every writer must
@@ -230,7 +229,7 @@ async def test_writers_lock_the_session_before_the_turn(
         await prober.close()
 
 
-async def running_turns(engine: AsyncEngine, db: Any, count: int) -> list[Any]:
+async def running_turns(engine: Engine, db: Any, count: int) -> list[Any]:
     """``count`` sessions, each with one turn claimed by owner ``a`` (epoch 1)."""
     for _ in range(count):
         await queued_turn(engine, db)
@@ -254,7 +253,7 @@ def ending(turn: Any, *, epoch: int | None = None, delta: bool = False) -> lease
 
 
 async def test_one_finish_statement_ends_several_turns_each_behind_its_own_fence(
-    engine: AsyncEngine, db: Any
+    engine: Engine, db: Any
 ) -> None:
     one, stale, with_delta = await running_turns(engine, db, 3)
     async with connect(engine) as conn:
@@ -287,7 +286,7 @@ async def test_one_finish_statement_ends_several_turns_each_behind_its_own_fence
 
 
 async def test_finish_batches_over_the_same_sessions_in_opposite_orders_both_complete(
-    engine: AsyncEngine, db: Any, database_url: str
+    engine: Engine, db: Any, database_url: str
 ) -> None:
     """Two batches that name the same sessions (each finishes three turns and
     carries stale finishes of the other's) lock them in one order, so neither
@@ -323,7 +322,7 @@ async def test_finish_batches_over_the_same_sessions_in_opposite_orders_both_com
 
 
 async def test_one_renewal_statement_answers_each_lease_and_waits_for_no_lock(
-    engine: AsyncEngine, db: Any, database_url: str
+    engine: Engine, db: Any, database_url: str
 ) -> None:
     held, lost, busy = await running_turns(engine, db, 3)
     await db.execute(
@@ -353,7 +352,7 @@ async def test_one_renewal_statement_answers_each_lease_and_waits_for_no_lock(
 
 
 async def test_turns_ending_together_share_one_finish_and_each_learns_its_outcome(
-    engine: AsyncEngine, db: Any
+    engine: Engine, db: Any
 ) -> None:
     one, stale, other = await running_turns(engine, db, 3)
     finisher = Finisher(engine)

@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 from gql.transport.exceptions import TransportQueryError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from keyturn.db import deltas, leases
-from keyturn.db.engine import connect, create_engine
+from keyturn.db.engine import Engine, connect, create_engine
 from keyturn.db.ledger import Appended
 from keyturn.domain import History
 from keyturn.errors import ModelError, StaleLease
@@ -53,7 +52,7 @@ async def streaming(database_url: str) -> AsyncIterator[InProcessServer]:
 
 
 @pytest.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+async def engine(database_url: str) -> AsyncIterator[Engine]:
     e = create_engine(database_url, pool_size=4)
     yield e
     await e.dispose()
@@ -170,7 +169,7 @@ async def test_a_reply_in_one_piece_costs_one_event_and_no_commit_more(
     assert events[2]["created_at"] == events[3]["created_at"]
 
 
-async def test_a_failed_turn_keeps_what_it_streamed(engine: AsyncEngine, db: Any) -> None:
+async def test_a_failed_turn_keeps_what_it_streamed(engine: Engine, db: Any) -> None:
     class HalfThenFail:
         async def step(
             self,
@@ -235,7 +234,7 @@ async def test_a_failed_turn_keeps_what_it_streamed(engine: AsyncEngine, db: Any
     assert row["output"] == "the first half, then "
 
 
-async def test_a_stale_epochs_delta_is_refused_and_recorded(engine: AsyncEngine, db: Any) -> None:
+async def test_a_stale_epochs_delta_is_refused_and_recorded(engine: Engine, db: Any) -> None:
     sid = uuid.uuid4()
     await db.execute("INSERT INTO sessions (id, default_history) VALUES ($1, 'FULL')", sid)
     await admit_turn(engine=engine, request=TurnRequest(sid, "k", "hello", History.FULL))

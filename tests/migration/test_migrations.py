@@ -16,10 +16,15 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from keyturn.db.engine import create_engine
-from keyturn.db.migrate import alembic_config, current_revision, head_revision, upgrade
+from keyturn.db.engine import Engine, create_engine
+from keyturn.db.migrate import (
+    alembic_config,
+    alembic_connection,
+    current_revision,
+    head_revision,
+    upgrade,
+)
 from keyturn.db.tables import metadata
 from keyturn.domain import EventType, TurnStatus
 from keyturn.ops import databases
@@ -28,7 +33,7 @@ from keyturn.ops import databases
 
 
 @pytest.fixture
-async def empty_engine(server_url: str) -> AsyncIterator[AsyncEngine]:
+async def empty_engine(server_url: str) -> AsyncIterator[Engine]:
     """An engine on a new, empty database (no migration applied), dropped afterwards."""
     async with databases.throwaway(server_url, prefix="keyturn_mig") as url:
         engine = create_engine(url, pool_size=1)
@@ -38,13 +43,11 @@ async def empty_engine(server_url: str) -> AsyncIterator[AsyncEngine]:
             await engine.dispose()
 
 
-async def in_transaction(engine: AsyncEngine, step: Callable[[Connection], Any]) -> Any:
+async def in_transaction(engine: Engine, step: Callable[[Connection], Any]) -> Any:
     """Run ``step`` on a sync connection inside one real transaction, the way
     keyturn.db.migrate runs the upgrade."""
-    async with engine.connect() as conn:
-        await conn.execution_options(isolation_level="READ COMMITTED")
-        async with conn.begin():
-            return await conn.run_sync(step)
+    async with alembic_connection(engine) as conn, conn.begin():
+        return await conn.run_sync(step)
 
 
 def schema_diff(connection: Connection) -> list[Any]:
@@ -100,7 +103,7 @@ def snapshot_difference(before: Snapshot, after: Snapshot) -> str:
     return "\n".join(lines)
 
 
-async def recorded_versions(engine: AsyncEngine) -> list[str]:
+async def recorded_versions(engine: Engine) -> list[str]:
     """The rows of alembic_version: the revision the database says it is at."""
 
     def read(connection: Connection) -> list[str]:
@@ -108,15 +111,15 @@ async def recorded_versions(engine: AsyncEngine) -> list[str]:
             row[0] for row in connection.execute(text("SELECT version_num FROM alembic_version"))
         ]
 
-    async with engine.connect() as conn:
+    async with alembic_connection(engine) as conn:
         return await conn.run_sync(read)
 
 
-async def keyturn_tables(engine: AsyncEngine) -> set[str]:
+async def keyturn_tables(engine: Engine) -> set[str]:
     def read(connection: Connection) -> set[str]:
         return {row[0] for row in connection.execute(text(_SNAPSHOT_QUERIES["tables"]))}
 
-    async with engine.connect() as conn:
+    async with alembic_connection(engine) as conn:
         return await conn.run_sync(read)
 
 
@@ -124,12 +127,12 @@ async def keyturn_tables(engine: AsyncEngine) -> set[str]:
 
 
 async def test_a_database_migrated_to_head_matches_the_declared_tables(
-    empty_engine: AsyncEngine,
+    empty_engine: Engine,
 ) -> None:
     await upgrade(empty_engine)
     assert await current_revision(empty_engine) == head_revision()
 
-    async with empty_engine.connect() as conn:
+    async with alembic_connection(empty_engine) as conn:
         diff = await conn.run_sync(schema_diff)
 
     listing = "\n".join(f"  {entry!r}" for entry in diff)
@@ -143,7 +146,7 @@ async def test_a_database_migrated_to_head_matches_the_declared_tables(
 
 
 async def test_every_migration_upgrades_and_downgrades_one_step_at_a_time(
-    empty_engine: AsyncEngine,
+    empty_engine: Engine,
 ) -> None:
     revisions = revisions_base_to_head()
     assert revisions[:4] == ["0001", "0002", "0003", "0004"]
@@ -189,7 +192,7 @@ async def test_every_migration_upgrades_and_downgrades_one_step_at_a_time(
     # A database that was downgraded accepts a new upgrade, to the same schema.
     await upgrade(empty_engine)
     assert await recorded_versions(empty_engine) == [head_revision()]
-    async with empty_engine.connect() as conn:
+    async with alembic_connection(empty_engine) as conn:
         assert await conn.run_sync(schema_diff) == []
         assert await conn.run_sync(catalog_snapshot) == schema_at[revisions[-1]]
 
