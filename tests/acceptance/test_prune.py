@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from tests.acceptance.clirun import clean_env, one_clean_line
 from tests.integration.test_retention import submit
@@ -139,7 +140,7 @@ async def test_a_pass_logs_its_progress_lines_with_their_figures_and_no_secret(
     # A password in the URL (the local server trusts, so any is accepted):
     # it must appear in no line.
     secret = "s3cret-Pa55word"
-    url = database_url.replace("postgresql://postgres@", f"postgresql://postgres:{secret}@")
+    url = make_url(database_url).set(password=secret).render_as_string(hide_password=False)
     assert secret in url
     result = await asyncio.to_thread(
         keyturn,
