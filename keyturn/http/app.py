@@ -19,6 +19,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import Receive, Scope, Send
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.subscriptions import (
     GRAPHQL_TRANSPORT_WS_PROTOCOL,
@@ -214,7 +215,16 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
         allow_queries_via_get=True,
     )
 
-    return Starlette(
+    guard: dict[str, Any] = {
+        "state": state,
+        "max_body_bytes": settings.max_body_bytes,
+        "metrics_public": settings.metrics_public,
+    }
+    return _Keyturn(
+        # The same two middlewares every other request passes through, in the
+        # same order; Fairness lets WebSockets by (their operations are
+        # counted one by one, keyturn.http.protocol).
+        graphql_websocket=RequestLog(Guard(graphql_app, **guard)),
         routes=[
             Route("/graphql", graphql_app),
             WebSocketRoute("/graphql", graphql_app),
@@ -226,14 +236,31 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
         ],
         middleware=[
             Middleware(RequestLog),
-            Middleware(
-                Guard,
-                state=state,
-                max_body_bytes=settings.max_body_bytes,
-                metrics_public=settings.metrics_public,
-            ),
+            Middleware(Guard, **guard),
             # Inside the Guard, which names the request's tenant.
             Middleware(Fairness, shares=shares),
         ],
         lifespan=lifespan,
     )
+
+
+class _Keyturn(Starlette):
+    """Starlette, with a WebSocket to /graphql handed straight to its
+    middlewares and view.
+
+    A WebSocket stays inside the application for as long as it is open, and
+    each layer it passes through on the way in stays with it: Starlette's
+    error and exception middlewares, its router and route are six frames
+    per connection (and two more calls on every message sent) that do
+    nothing for a WebSocket whose view answers every error itself."""
+
+    def __init__(self, *, graphql_websocket: RequestLog, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._graphql_websocket = graphql_websocket
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and scope["path"] == "/graphql":
+            scope["app"] = self
+            await self._graphql_websocket(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)

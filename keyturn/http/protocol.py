@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from cross_web import AsyncHTTPRequestAdapter, HTTPException
@@ -32,6 +32,7 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     Operation,
 )
 from strawberry.subscriptions.protocols.graphql_transport_ws.types import (
+    ConnectionInitMessage,
     ErrorMessage,
     SubscribeMessage,
 )
@@ -106,10 +107,17 @@ class _TransportWS(BaseGraphQLTransportWSHandler[Context, None]):
             message = {**message, "payload": {**payload, "query": query or ""}}
         await super().handle_subscribe(message)
 
-    async def run_operation(self, operation: Operation[Context, None]) -> None:
-        # A query or mutation holds one of its tenant's slots while it runs,
-        # as an HTTP request does (keyturn.http.fairness); a subscription
-        # waiting for events holds none.
+    async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
+        await super().handle_connection_init(message)
+        # Strawberry has cancelled the timeout's task; kept, it would hold its
+        # CancelledError, traceback and frames for the connection's life. The
+        # loop holds it until its cancellation has run.
+        self.connection_init_timeout_task = None
+
+    def run_operation(self, operation: Operation[Context, None]) -> Coroutine[Any, Any, None]:
+        # A plain function handing Strawberry's coroutine to the operation's
+        # task: a subscription waits inside it for as long as it lives, and a
+        # wrapper coroutine around it would be one more frame per subscription.
         shares = getattr(self.view, "shares", None)
         tenant = self.context.tenant
         if (
@@ -118,8 +126,15 @@ class _TransportWS(BaseGraphQLTransportWSHandler[Context, None]):
             or operation_type(operation.query, operation.operation_name)
             not in (CoreOperation.QUERY, CoreOperation.MUTATION)
         ):
-            await super().run_operation(operation)
-            return
+            return super().run_operation(operation)
+        return self._run_counted(operation, shares, tenant)
+
+    async def _run_counted(
+        self, operation: Operation[Context, None], shares: Shares, tenant: str
+    ) -> None:
+        # A query or mutation holds one of its tenant's slots while it runs,
+        # as an HTTP request does (keyturn.http.fairness); a subscription
+        # waiting for events holds none.
         if not await shares.enter(tenant):
             busy = GraphQLError(BUSY_ERROR["message"], extensions=BUSY_ERROR["extensions"])
             await operation.send_operation_message(

@@ -228,6 +228,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # zlib context pair per WebSocket (most of an idle subscription's
         # memory) and spend CPU on every frame.
         ws_per_message_deflate=False,
+        # uvicorn's own protocol, keeping less per open connection.
+        ws=serving.WEBSOCKETS,
         # A WebSocket message is bounded like an HTTP body: a larger one
         # closes the connection (1009) before it is read whole.
         ws_max_size=settings.max_body_bytes,

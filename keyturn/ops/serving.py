@@ -21,6 +21,8 @@ from types import FrameType
 from typing import Any
 
 APP = "keyturn.http.app:create_app"
+# Named, not imported: uvicorn imports it in each worker (keyturn.http.websockets).
+WEBSOCKETS = "keyturn.http.websockets:WebSockets"
 INTERRUPTED = 128 + signal.SIGINT
 
 

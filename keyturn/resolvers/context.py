@@ -37,6 +37,8 @@ class TurnPageKey:
     limit: int  # rows to read: the page's size plus one, to tell whether there is more
 
 
+_DEFAULT_LIMITS = QueryLimits()  # frozen: one shared by every context that names none
+
 TurnPage = tuple[list[TurnRecord], int]  # the rows, and the session's count of turns
 
 
@@ -68,21 +70,39 @@ class Loaders:
     context for as long as it stays open, and a cache there would answer a
     later operation with what an earlier one read. A turn's events and tool
     calls are asked for in the same batch, which reads each turn once.
+
+    Each loader is made when a resolver first asks for it: a WebSocket that
+    only waits for a subscription's events never does, and would otherwise
+    hold three loaders for as long as it stays open.
     """
+
+    __slots__ = ("_reads", "_session_events", "_turn_events", "_turn_pages")
 
     def __init__(self, reads: Reads) -> None:
         self._reads = reads
-        self.turn_pages: DataLoader[TurnPageKey, TurnPage] = DataLoader(
-            self._turn_pages, cache=False
-        )
-        self.session_events: DataLoader[EventPageKey, list[EventRecord]] = DataLoader(
-            self._session_events, cache=False
-        )
-        self.turn_events: DataLoader[TurnEventsKey, list[EventRecord]] = DataLoader(
-            self._turn_events, cache=False
-        )
+        self._turn_pages: DataLoader[TurnPageKey, TurnPage] | None = None
+        self._session_events: DataLoader[EventPageKey, list[EventRecord]] | None = None
+        self._turn_events: DataLoader[TurnEventsKey, list[EventRecord]] | None = None
 
-    async def _turn_pages(self, keys: list[TurnPageKey]) -> list[TurnPage]:
+    @property
+    def turn_pages(self) -> DataLoader[TurnPageKey, TurnPage]:
+        if self._turn_pages is None:
+            self._turn_pages = DataLoader(self._load_turn_pages, cache=False)
+        return self._turn_pages
+
+    @property
+    def session_events(self) -> DataLoader[EventPageKey, list[EventRecord]]:
+        if self._session_events is None:
+            self._session_events = DataLoader(self._load_session_events, cache=False)
+        return self._session_events
+
+    @property
+    def turn_events(self) -> DataLoader[TurnEventsKey, list[EventRecord]]:
+        if self._turn_events is None:
+            self._turn_events = DataLoader(self._load_turn_events, cache=False)
+        return self._turn_events
+
+    async def _load_turn_pages(self, keys: list[TurnPageKey]) -> list[TurnPage]:
         # Sessions of one page all ask for the same window; one statement per window.
         windows: dict[tuple[bool, int, int], list[uuid.UUID]] = defaultdict(list)
         for key in keys:
@@ -101,7 +121,7 @@ class Loaders:
                 found[TurnPageKey(sid, backward, cursor, limit)] = page
         return [found[key] for key in keys]
 
-    async def _session_events(self, keys: list[EventPageKey]) -> list[list[EventRecord]]:
+    async def _load_session_events(self, keys: list[EventPageKey]) -> list[list[EventRecord]]:
         # As for turns: one statement per window; a window asked for by one
         # session alone (Query.session) reads it with the single-session statement.
         windows: dict[tuple[bool, int, int], list[uuid.UUID]] = defaultdict(list)
@@ -131,7 +151,7 @@ class Loaders:
                 found[EventPageKey(sid, backward, cursor, limit)] = page
         return [found[key] for key in keys]
 
-    async def _turn_events(self, keys: list[TurnEventsKey]) -> list[list[EventRecord]]:
+    async def _load_turn_events(self, keys: list[TurnEventsKey]) -> list[list[EventRecord]]:
         # Every event of the turns that need them all (Turn.toolCalls, an
         # unpaged Turn.events) in one statement; a page of a turn asked for in
         # the same batch is cut from them, any other page read per window.
@@ -157,7 +177,7 @@ class Loaders:
         return [answer(key) for key in keys]
 
 
-@dataclass
+@dataclass(slots=True)
 class Context:
     runtime: Runtime
     request: Any = None
@@ -166,11 +186,15 @@ class Context:
     tenant: str = ""
     # The WebSocket connection_init payload (set by Strawberry).
     connection_params: dict[str, Any] | None = None
-    limits: QueryLimits = field(default_factory=QueryLimits)
-    loaders: Loaders = field(init=False)
+    limits: QueryLimits = _DEFAULT_LIMITS
+    # Made on first use (see Loaders): most WebSockets never need them.
+    _loaders: Loaders | None = field(default=None, init=False, repr=False)
     # How much of its answer's budget an operation has spent is kept per
     # operation (keyturn.schema.budget), not here: one WebSocket's
     # operations share this context.
 
-    def __post_init__(self) -> None:
-        self.loaders = Loaders(self.runtime.reads)
+    @property
+    def loaders(self) -> Loaders:
+        if self._loaders is None:
+            self._loaders = Loaders(self.runtime.reads)
+        return self._loaders

@@ -77,12 +77,42 @@ class SharedReads:
 
 
 class Subscriber:
-    __slots__ = ("cursor", "session_id", "woken")
+    """A cursor and a wake-up flag. Not an :class:`asyncio.Event`: an idle
+    subscription lives for as long as its client waits, and an Event's
+    deque of waiters would be most of its size; a subscriber has one waiter
+    at most, its own stream, so a future made when it waits does the same."""
+
+    __slots__ = ("_waiter", "_woken", "cursor", "session_id")
 
     def __init__(self, session_id: uuid.UUID, cursor: int) -> None:
         self.session_id = session_id
         self.cursor = cursor
-        self.woken = asyncio.Event()
+        self._woken = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def woken(self) -> bool:
+        return self._woken
+
+    def wake(self) -> None:
+        self._woken = True
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._woken = False
+
+    def wait(self) -> asyncio.Future[None]:
+        """Done once woken (at once if it already is)."""
+        waiter = asyncio.get_running_loop().create_future()
+        if self._woken:
+            waiter.set_result(None)
+        else:
+            self._waiter = waiter
+        return waiter
 
 
 class _Channel:
@@ -113,7 +143,7 @@ class EventBus:
         """Wake every subscriber (their streams end as the server stops)."""
         for channel in self._channels.values():
             for sub in channel.subscribers:
-                sub.woken.set()
+                sub.wake()
 
     @property
     def subscriber_count(self) -> int:
@@ -132,7 +162,7 @@ class EventBus:
             return
         channel.stale = True
         for sub in channel.subscribers:
-            sub.woken.set()
+            sub.wake()
 
     def wake_all(self) -> None:
         """After a lost listener connection: everyone re-reads from their cursor."""
@@ -172,7 +202,7 @@ class EventBus:
         return await self._read(sub)
 
     async def _read(self, sub: Subscriber) -> list[EventRecord]:
-        sub.woken.clear()
+        sub.clear()
         channel = self._channels[sub.session_id]
         # Always through the lock: a refresh already in flight (started by
         # another subscriber woken by the same news) must finish before this
@@ -196,11 +226,12 @@ class EventBus:
             # of the table's end (a refresh reads at most CACHE_EVENTS) or was
             # woken again meanwhile. Come straight back rather than wait for
             # news that has already committed.
-            sub.woken.set()
+            sub.wake()
         return events
 
-    async def wait(self, sub: Subscriber) -> None:
-        await sub.woken.wait()
+    def wait(self, sub: Subscriber) -> Awaitable[None]:
+        # A future, not a coroutine: nothing more per idle subscriber than it.
+        return sub.wait()
 
     async def _refresh(self, session_id: uuid.UUID, channel: _Channel, cursor: int) -> None:
         async with channel.lock:

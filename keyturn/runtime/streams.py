@@ -37,41 +37,53 @@ async def session_events(
         bus.unregister(sub)
 
 
+async def _turn(engine: Engine, tenant: str, turn_id: uuid.UUID) -> TurnRecord | None:
+    async with connect(engine) as conn:
+        return await reads.turn(conn, tenant=tenant, turn_id=turn_id)
+
+
+async def _turn_and_seq(
+    engine: Engine, tenant: str, turn_id: uuid.UUID
+) -> tuple[TurnRecord, int] | None:
+    async with connect(engine) as conn:
+        return await reads.turn_with_session_seq(conn, tenant=tenant, turn_id=turn_id)
+
+
 async def turn_completed(
     *, engine: Engine, bus: EventBus, tenant: str, turn_id: uuid.UUID
 ) -> AsyncIterator[TurnRecord]:
-    async with connect(engine) as conn:
-        first = await reads.turn(conn, tenant=tenant, turn_id=turn_id)
+    # The reads are helpers, and what they return is dropped once used: this
+    # frame lives as long as its subscriber waits, and so would every local
+    # in it (a connection's objects, two turns).
+    first = await _turn(engine, tenant, turn_id)
     if first is None:
         raise NotFound(f"turn {turn_id} not found")
     if first.status in TERMINAL_STATUSES:
         yield first
         return
-    sub = bus.register(first.session_id, 0)
+    session_id = first.session_id
+    del first
+    sub = bus.register(session_id, 0)
     try:
         # Read again after registering, in one snapshot with the session's
         # counter: if the turn has not ended there, its end carries a higher seq.
-        async with connect(engine) as conn:
-            found = await reads.turn_with_session_seq(conn, tenant=tenant, turn_id=turn_id)
+        found = await _turn_and_seq(engine, tenant, turn_id)
         if found is None:  # its session was deleted meanwhile
-            raise SessionDeleted(first.session_id)
-        turn, seq = found
-        if turn.status in TERMINAL_STATUSES:
-            yield turn
+            raise SessionDeleted(session_id)
+        if found[0].status in TERMINAL_STATUSES:
+            yield found[0]
             return
-        sub.cursor = seq
+        sub.cursor = found[1]
+        del found
         while True:
             events = await bus.read(sub)
             if any(e.turn_id == turn_id and e.type in TERMINAL_EVENTS for e in events):
-
-                async def read_ended() -> TurnRecord | None:
-                    async with connect(engine) as conn:
-                        return await reads.turn(conn, tenant=tenant, turn_id=turn_id)
-
                 # Every listener of this turn wakes now: one query serves them all.
-                ended = await bus.shared.get(("ended", tenant, turn_id), read_ended)
+                ended = await bus.shared.get(
+                    ("ended", tenant, turn_id), lambda: _turn(engine, tenant, turn_id)
+                )
                 if ended is None:  # deleted with its session just after it ended
-                    raise SessionDeleted(first.session_id)
+                    raise SessionDeleted(session_id)
                 yield ended
                 return
             if not events:

@@ -151,7 +151,7 @@ async def test_without_news_a_read_answers_nothing_and_reads_nothing(
     assert len(table.reads) == reads_so_far
 
     bus.wake(SESSION)
-    assert sub.woken.is_set()
+    assert sub.woken
     assert seqs(await bus.read(sub)) == [3]
 
 
@@ -246,7 +246,7 @@ async def test_two_subscribers_woken_by_the_same_news_share_one_read(
     a = bus.register(SESSION, 0)
     b = bus.register(SESSION, 0)
     commit(bus, table, 5)
-    assert a.woken.is_set() and b.woken.is_set()
+    assert a.woken and b.woken
 
     got_a, got_b = await asyncio.gather(bus.read(a), bus.read(b))
 
@@ -275,7 +275,7 @@ async def test_a_wake_up_during_a_refresh_makes_the_next_read_pick_up_the_new_ev
 
     assert seqs(await reading) == upto(5)
     assert channel(bus).stale  # the wake-up was not lost with the refresh
-    assert sub.woken.is_set()  # and the subscriber will come back for it
+    assert sub.woken  # and the subscriber will come back for it
     assert seqs(await bus.read(sub)) == [6, 7, 8]
     assert await bus.read(sub) == []
     assert table.reads == [(0, CACHE_EVENTS), (5, CACHE_EVENTS)]
@@ -311,15 +311,15 @@ async def test_a_full_page_wakes_the_subscriber_again_so_it_comes_straight_back(
 
     first = await bus.read(sub)
     assert seqs(first) == upto(PAGE)
-    assert sub.woken.is_set()
+    assert sub.woken
 
     second = await bus.read(sub)
     assert seqs(second) == upto(2 * PAGE, after=PAGE)
-    assert sub.woken.is_set()
+    assert sub.woken
 
     last = await bus.read(sub)
     assert seqs(last) == upto(2 * PAGE + 10, after=2 * PAGE)
-    assert not sub.woken.is_set()  # a short page: nothing more to come back for
+    assert not sub.woken  # a short page: nothing more to come back for
     assert sub.cursor == 2 * PAGE + 10
     assert bus.delivered == 2 * PAGE + 10
 
@@ -331,9 +331,9 @@ async def test_exactly_one_page_sets_woken_and_the_next_read_is_empty(
     commit(bus, table, PAGE)
 
     assert seqs(await bus.read(sub)) == upto(PAGE)
-    assert sub.woken.is_set()
+    assert sub.woken
     assert await bus.read(sub) == []
-    assert not sub.woken.is_set()
+    assert not sub.woken
 
 
 async def test_a_page_read_from_the_table_also_wakes_the_subscriber_again(
@@ -349,7 +349,7 @@ async def test_a_page_read_from_the_table_also_wakes_the_subscriber_again(
     assert seqs(page) == upto(PAGE)
     assert table.reads[-1] == (0, PAGE)  # from the table: behind the window
     assert late.cursor < covered_from
-    assert late.woken.is_set()
+    assert late.woken
 
 
 async def test_a_subscriber_beyond_one_refresh_is_not_left_asleep(
@@ -364,8 +364,8 @@ async def test_a_subscriber_beyond_one_refresh_is_not_left_asleep(
     commit(bus, table, 1990)
     resumed = bus.register(SESSION, 900)
     assert await bus.read(resumed) == []  # the window has not reached 900 yet...
-    assert resumed.woken.is_set()  # ...so it must come back, not wait for news
+    assert resumed.woken  # ...so it must come back, not wait for news
     delivered: list[int] = []
-    while resumed.woken.is_set():
+    while resumed.woken:
         delivered += seqs(await bus.read(resumed))
     assert delivered == upto(2000, after=900)
