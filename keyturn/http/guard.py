@@ -188,7 +188,12 @@ class Guard:
             return
         too_large = f"request body over {self.max_body_bytes} bytes"
         declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+        if (
+            declared is not None
+            and declared.isascii()
+            and declared.isdigit()
+            and int(declared) > self.max_body_bytes
+        ):
             await _json_error(scope, send, 413, too_large, "PAYLOAD_TOO_LARGE")
             return
         body = bytearray()

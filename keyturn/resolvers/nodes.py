@@ -22,9 +22,9 @@ NodeRecord = SessionRecord | TurnRecord | EventRecord
 
 def _parse(id: str) -> uuid.UUID | int | None:
     """An event's number, a session's or turn's UUID, or None for an id that cannot exist."""
-    if id.isdigit():
-        number = int(id)
-        return number if number < 2**63 else None  # beyond any event's id
+    if id.isascii() and id.isdigit():
+        # Past 2**63 (and past int()'s 4,300 digits) no event has that id.
+        return int(id) if len(id) <= 19 and int(id) < 2**63 else None
     return parse_id(id)
 
 

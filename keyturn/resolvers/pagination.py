@@ -87,12 +87,18 @@ def seq_cursor(kind: str, seq: int) -> str:
     return _encode(f"{kind}:{seq}")
 
 
+def _whole_number(text: str) -> bool:
+    """ASCII digits of a number below 2**63, as a seq or an event's id is
+    (str.isdigit also takes "³"; int() refuses more than 4,300 digits)."""
+    return text.isascii() and text.isdigit() and len(text) <= 19 and int(text) < 2**63
+
+
 def decode_seq_cursor(kind: str, cursor: str | None, name: str = "after") -> int:
     if cursor is None:
         return 0
     raw = _decode(cursor, name)
     prefix, _, value = raw.partition(":")
-    if prefix != kind or not value.isdigit():
+    if prefix != kind or not _whole_number(value):
         raise InvalidArgument(f"{name} is not a cursor this API gave out")
     return int(value)
 

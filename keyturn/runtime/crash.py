@@ -70,7 +70,7 @@ def _parse(spec: str, variable: str) -> tuple[str, int | None]:
         )
     if not colon:
         return name, None
-    if not index.isdigit():
+    if not (index.isascii() and index.isdigit()):
         raise ValueError(
             f"{variable}: INDEX must be a call's index, a whole number from 0 (got {spec!r})"
         )

@@ -3,6 +3,7 @@ through Query.node, and connections that page both ways."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from keyturn.runtime.auth import create_token
@@ -150,3 +151,30 @@ async def test_paging_both_ways_at_once_is_refused(client: GraphQLClient) -> Non
         "query($id: ID!) { session(id: $id) { events(last: 101) { totalCount } } }", {"id": sid}
     )
     assert "last must be at most 100" in body["errors"][0]["message"]
+
+
+PAGE_AFTER = (
+    "query($id: ID!, $c: String!) { session(id: $id) { events(after: $c) { totalCount } } }"
+)
+
+
+async def test_ids_and_cursors_that_only_look_like_numbers_are_unknown_not_errors(
+    client: GraphQLClient,
+) -> None:
+    # str.isdigit takes "³" and "٣"; int() refuses 5,000 digits. Neither is
+    # an event's id or a seq this API gave out: null, or a typed refusal.
+    sid = await client.create_session()
+    await completed_turns(client, sid, 1)
+    looks = ["³", "٣", "9" * 5000, "-1", "1" * 19]
+    found = await client.execute(
+        "query($ids: [ID!]!) { nodes(ids: $ids) { __typename } }", {"ids": looks}
+    )
+    assert found["nodes"] == [None] * len(looks)
+    for one in looks:
+        assert (await client.execute(NODE, {"id": one}))["node"] is None
+    for value in ("³", "٣", "9" * 5000, "9" * 19):
+        cursor = base64.urlsafe_b64encode(f"event:{value}".encode()).decode()
+        body = await client.raw(PAGE_AFTER, {"id": sid, "c": cursor})
+        [error] = body["errors"]
+        assert error["message"] == "after is not a cursor this API gave out", error
+        assert error["extensions"]["code"] == "BAD_USER_INPUT"
