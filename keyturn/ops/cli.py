@@ -625,7 +625,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Interrupt:
+    """Whether Ctrl-C was pressed (Python's own handler does the rest)."""
+
+    pressed = False
+
+    @classmethod
+    def noted(cls, signum: int, frame: FrameType | None) -> None:
+        cls.pressed = True
+        signal.default_int_handler(signum, frame)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    signal.signal(signal.SIGINT, _Interrupt.noted)
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -647,5 +659,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = 2
     except KeyboardInterrupt:
         # Ctrl-C while starting (initdb, migrations): the person meant it.
+        code = 128 + signal.SIGINT
+    except Exception:
+        # The press reaches the whole process group: initdb or the embedded
+        # server may die of it and fail the start before Python raises
+        # KeyboardInterrupt here. A failure after a press is that stop.
+        if not _Interrupt.pressed:
+            raise
         code = 128 + signal.SIGINT
     raise SystemExit(code)

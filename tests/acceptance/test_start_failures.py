@@ -110,6 +110,7 @@ def _interrupt_while_starting(command: list[str], data_dir: Path, after: float) 
     return proc.returncode, output
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("command", [["db", "upgrade"], ["serve", "--port", "0"]])
 def test_ctrl_c_while_starting_stops_quietly(fresh_data_dir: Path, command: list[str]) -> None:
     # While initdb runs, then later in the start (the server, migrations).
@@ -163,6 +164,7 @@ def test_a_start_right_after_ctrl_c_during_initdb_makes_the_database(fresh_data_
     assert postgres_running(fresh_data_dir) == []
 
 
+@pytest.mark.serial
 def test_ctrl_c_as_the_application_loads_stops_the_server(fresh_data_dir: Path) -> None:
     """Pressed once the database is up, while the application's modules are
     imported: Python's own handler would raise inside whatever runs then
