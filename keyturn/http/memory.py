@@ -44,26 +44,30 @@ _pending: asyncio.TimerHandle | None = None
 
 
 def _trim() -> None:
-    global _last, _pending
-    _pending = None
+    global _last
     _last = time.monotonic()
     if _TRIM is not None:
         _TRIM(0)
 
 
-def give_back() -> None:
-    """Return the allocator's free memory to the system: now, or, when it was
-    done less than :data:`EVERY_S` ago, once that time is up (so the last of
-    many connections closing at once is given back too)."""
-    if _TRIM is None or _pending is not None:
-        return
-    wait = _last + EVERY_S - time.monotonic()
-    if wait <= 0:
-        _trim()
-    else:
-        _schedule(wait)
-
-
-def _schedule(wait: float) -> None:
+def _trailing() -> None:
     global _pending
-    _pending = asyncio.get_running_loop().call_later(wait, _trim)
+    _pending = None
+    _trim()
+
+
+def give_back() -> None:
+    """Return the allocator's free memory to the system: now, unless that was
+    done less than :data:`EVERY_S` ago, and once more :data:`EVERY_S` after
+    the last call. The second is for what is freed after the close: the
+    connection's operation tasks end (and drop their messages) a moment
+    later, later still on a busy machine, and the last of many connections
+    closing at once must be given back too."""
+    global _pending
+    if _TRIM is None:
+        return
+    if time.monotonic() - _last >= EVERY_S:
+        _trim()
+    if _pending is not None:
+        _pending.cancel()
+    _pending = asyncio.get_running_loop().call_later(EVERY_S, _trailing)

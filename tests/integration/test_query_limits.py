@@ -408,14 +408,21 @@ async def test_websocket_memory_returns_after_closing_sockets_that_sent_large_me
             await asyncio.gather(*(one_socket(4) for _ in range(20)))
         finally:
             sampler.cancel()
-        await asyncio.sleep(2)  # the closes handled, the connections' tasks ended
-        after = process_rss(server.proc.pid)
+        # The closes handled, the connections' tasks ended and the memory
+        # given back: a second after the last close (keyturn.http.memory),
+        # later on a busy machine; what stays after ten seconds stays.
+        bound = start + 200 * 2**20
+        for _ in range(40):
+            await asyncio.sleep(0.25)
+            after = process_rss(server.proc.pid)
+            if after <= bound:
+                break
         figures.worst(
             "memory grown by 20 WebSockets of large messages, at peak",
             (peak - start) / 2**20,
             "MiB",
         )
         figures.worst("memory left after closing them", (after - start) / 2**20, "MiB")
-        assert after <= start + 200 * 2**20, (start / 2**20, peak / 2**20, after / 2**20)
+        assert after <= bound, (start / 2**20, peak / 2**20, after / 2**20)
     finally:
         stop_process(server)
