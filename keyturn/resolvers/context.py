@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,11 +105,8 @@ class Loaders:
 
     async def _load_turn_pages(self, keys: list[TurnPageKey]) -> list[TurnPage]:
         # Sessions of one page all ask for the same window; one statement per window.
-        windows: dict[tuple[bool, int, int], list[uuid.UUID]] = defaultdict(list)
-        for key in keys:
-            windows[(key.backward, key.cursor, key.limit)].append(key.session_id)
         found: dict[TurnPageKey, TurnPage] = {}
-        for (backward, cursor, limit), session_ids in windows.items():
+        for (backward, cursor, limit), session_ids in _windows(keys).items():
             if backward:
                 pages = await self._reads.turns_before_batch(
                     session_ids=session_ids, before=cursor, limit=limit
@@ -124,11 +122,8 @@ class Loaders:
     async def _load_session_events(self, keys: list[EventPageKey]) -> list[list[EventRecord]]:
         # As for turns: one statement per window; a window asked for by one
         # session alone (Query.session) reads it with the single-session statement.
-        windows: dict[tuple[bool, int, int], list[uuid.UUID]] = defaultdict(list)
-        for key in keys:
-            windows[(key.backward, key.cursor, key.limit)].append(key.session_id)
         found: dict[EventPageKey, list[EventRecord]] = {}
-        for (backward, cursor, limit), session_ids in windows.items():
+        for (backward, cursor, limit), session_ids in _windows(keys).items():
             pages: dict[uuid.UUID, list[EventRecord]]
             if len(set(session_ids)) == 1:
                 [sid] = set(session_ids)
@@ -198,3 +193,14 @@ class Context:
         if self._loaders is None:
             self._loaders = Loaders(self.runtime.reads)
         return self._loaders
+
+
+def _windows(
+    keys: Sequence[TurnPageKey | EventPageKey],
+) -> dict[tuple[bool, int, int], list[uuid.UUID]]:
+    """The sessions of a batch by the window each asks for: a page of sessions
+    all ask for the same one, read in one statement."""
+    windows: dict[tuple[bool, int, int], list[uuid.UUID]] = defaultdict(list)
+    for key in keys:
+        windows[(key.backward, key.cursor, key.limit)].append(key.session_id)
+    return windows

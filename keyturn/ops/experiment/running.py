@@ -355,6 +355,39 @@ def _cancel_held(
     progress(f"{label}: {len(turns)}/{len(turns)} cancels recorded")
 
 
+def _judged_calls(
+    t: Submitted, tool_calls: list[dict[str, Any]], judge: _Judge
+) -> list[dict[str, Any]]:
+    """Each call the turn was to make, as the record and the store tell it
+    (a call the record never planned is NOT_STARTED), with the verdict."""
+    by_index = {c["index"]: c for c in tool_calls}
+    calls: list[dict[str, Any]] = []
+    for index in range(len(t.names)):
+        call = by_index.get(index)
+        if call is not None and call["kind"] != t.subject.kind:
+            # The tools file or the server is not what the experiment
+            # expects: not a finding, a broken run.
+            raise RuntimeError(
+                f"{t.subject.tool} is offered as {call['kind']}, not {t.subject.kind.value}"
+            )
+        state = call["state"] if call is not None else None
+        key = call["effectKey"] if call is not None else f"{t.turn_id}/{index}"
+        says, judged = judge.call(
+            t.subject, state, call, key=key, name=t.names[index], value=t.value
+        )
+        calls.append(
+            {
+                "index": index,
+                "effectKey": key,
+                "name": t.names[index],
+                "record": state or "NOT_STARTED",
+                "store": says,
+                "verdict": judged,
+            }
+        )
+    return calls
+
+
 def _observe(
     server: ServerProcess,
     database_url: str,
@@ -384,31 +417,7 @@ def _observe(
     judge = _Judge(database_url, store, turns)
     observations = []
     for t in turns:
-        by_index = {c["index"]: c for c in seen[t.turn_id]["toolCalls"]}
-        calls: list[dict[str, Any]] = []
-        for index in range(len(t.names)):
-            call = by_index.get(index)
-            if call is not None and call["kind"] != t.subject.kind:
-                # The tools file or the server is not what the experiment
-                # expects: not a finding, a broken run.
-                raise RuntimeError(
-                    f"{t.subject.tool} is offered as {call['kind']}, not {t.subject.kind.value}"
-                )
-            state = call["state"] if call is not None else None
-            key = call["effectKey"] if call is not None else f"{t.turn_id}/{index}"
-            says, judged = judge.call(
-                t.subject, state, call, key=key, name=t.names[index], value=t.value
-            )
-            calls.append(
-                {
-                    "index": index,
-                    "effectKey": key,
-                    "name": t.names[index],
-                    "record": state or "NOT_STARTED",
-                    "store": says,
-                    "verdict": judged,
-                }
-            )
+        calls = _judged_calls(t, seen[t.turn_id]["toolCalls"], judge)
         observation: dict[str, Any] = {
             "point": point,
             "tool": t.subject.tool,
@@ -530,25 +539,7 @@ def _observe_race(
     observations = []
     for t in turns:
         original, retry = seen[t.turn_id]
-        by_index = {c["index"]: c for c in original["toolCalls"]}
-        calls: list[dict[str, Any]] = []
-        for index in range(len(t.names)):
-            call = by_index.get(index)
-            state = call["state"] if call is not None else None
-            key = call["effectKey"] if call is not None else f"{t.turn_id}/{index}"
-            says, judged = judge.call(
-                t.subject, state, call, key=key, name=t.names[index], value=t.value
-            )
-            calls.append(
-                {
-                    "index": index,
-                    "effectKey": key,
-                    "name": t.names[index],
-                    "record": state or "NOT_STARTED",
-                    "store": says,
-                    "verdict": judged,
-                }
-            )
+        calls = _judged_calls(t, original["toolCalls"], judge)
         contradicts, broken = race_findings(original, retry, cut, applied)
         again = {c["index"]: c for c in retry["toolCalls"]}.get(cut) or {}
         raced = calls[cut]
