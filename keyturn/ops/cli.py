@@ -667,4 +667,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not _Interrupt.pressed:
             raise
         code = 128 + signal.SIGINT
+    if _Interrupt.pressed:
+        from keyturn.db import embedded
+
+        embedded.await_own_servers_stopped()
     raise SystemExit(code)
