@@ -133,8 +133,9 @@ def dict_config(fmt: str, level: str = "info") -> dict[str, Any]:
             },
             "discard": {"class": "logging.NullHandler"},
         },
-        # Keyturn's own lines at INFO; KEYTURN_LOG_LEVEL is uvicorn's level.
-        "root": {"handlers": ["stderr"], "level": "INFO"},
+        # KEYTURN_LOG_LEVEL for every line, Keyturn's own (the access line of
+        # each request is INFO) and uvicorn's alike.
+        "root": {"handlers": ["stderr"], "level": lvl},
         "loggers": {
             # Propagate to the root handler: one format for everything.
             "uvicorn": {"handlers": [], "level": lvl, "propagate": True},

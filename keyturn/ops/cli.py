@@ -174,7 +174,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"keyturn: {check.name}: {check.detail}", file=sys.stderr)
         return 2
     # Lines for people on a terminal, JSON lines otherwise (KEYTURN_LOG_FORMAT).
-    logs.configure(settings.log_format)
+    logs.configure(settings.log_format, settings.log_level)
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
     _check_port(host, port)

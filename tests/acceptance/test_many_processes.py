@@ -36,7 +36,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def two_servers(database_url: str, tmp_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    with two_server_processes(database_url, tmp_path) as servers:
+    # At INFO: a test reads the listener's reconnection from the log.
+    with two_server_processes(database_url, tmp_path, env={"KEYTURN_LOG_LEVEL": "info"}) as servers:
         yield servers
 
 

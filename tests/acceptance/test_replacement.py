@@ -18,7 +18,10 @@ async def test_replacement_after_a_clean_stop_finds_everything_and_runs_what_was
     database_url: str, tmp_path: Path, db: Any
 ) -> None:
     old = start_server_process(
-        database_url, tmp_path, name="old", env={"KEYTURN_SHUTDOWN_GRACE_S": "0.5"}
+        database_url,
+        tmp_path,
+        name="old",
+        env={"KEYTURN_SHUTDOWN_GRACE_S": "0.5", "KEYTURN_LOG_LEVEL": "info"},
     )
     client = GraphQLClient(old.url)
     sid = await client.create_session()
@@ -103,7 +106,10 @@ async def test_a_clean_stop_does_not_hand_back_a_turn_whose_tool_ran(
     clean stop leaves it to its lease, and it ends INTERRUPTED with what the
     record establishes about its tool call."""
     old = start_server_process(
-        database_url, tmp_path, name="old", env={"KEYTURN_SHUTDOWN_GRACE_S": "0.5"}
+        database_url,
+        tmp_path,
+        name="old",
+        env={"KEYTURN_SHUTDOWN_GRACE_S": "0.5", "KEYTURN_LOG_LEVEL": "info"},
     )
     client = GraphQLClient(old.url)
     sid = await client.create_session()

@@ -165,6 +165,27 @@ async def test_json_logs_carry_request_id_and_admission_fields_never_the_input(
     assert secret not in server.log()
 
 
+@pytest.mark.slow
+async def test_log_level_warning_writes_no_line_per_request(
+    database_url: str, tmp_path: Path
+) -> None:
+    """KEYTURN_LOG_LEVEL is the level of Keyturn's own lines too: at warning,
+    requests and admissions write nothing; what went wrong still does."""
+    server = start_server_process(database_url, tmp_path, env={"KEYTURN_LOG_LEVEL": "warning"})
+    try:
+        client = GraphQLClient(server.url)
+        sid = await client.create_session()
+        await client.submit(sid, "k1", "hello")
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            # A client's mistake is answered, not logged.
+            assert (await http.post("/graphql", json={"query": "{ nope }"})).status_code == 200
+        await client.close()
+    finally:
+        stop_process(server)
+    records = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+    assert [r for r in records if r["level"] in ("DEBUG", "INFO")] == [], records
+
+
 def doctor(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("KEYTURN_")}
     full.update(env)
