@@ -330,7 +330,9 @@ async def test_export_refuses_an_unknown_session_and_a_running_turn(
     assert await asyncio.to_thread(lambda: sorted(tmp_path.iterdir())) == []
 
     sid = await client.create_session()
-    tid = (await client.submit(sid, "slow", "/sleep 3000 busy"))["turn"]["id"]
+    # Long enough to still run when two exports have started on a busy
+    # machine (3 s was not, once).
+    tid = (await client.submit(sid, "slow", "/sleep 15000 busy"))["turn"]["id"]
     await client.wait_for_status(tid, {"RUNNING"})
     busy = await run(database_url, tmp_path, "export", "--session", sid)
     line = one_clean_line(busy)
@@ -339,7 +341,7 @@ async def test_export_refuses_an_unknown_session_and_a_running_turn(
     busy = await run(database_url, tmp_path, "export", "--tenant", "")
     line = one_clean_line(busy)
     assert f"session {sid} has a RUNNING turn" in line and busy.stdout == ""
-    await client.wait_for_status(tid, {"COMPLETED"})
+    await client.wait_for_status(tid, {"COMPLETED"}, within=30)
 
     nobody = await run(database_url, tmp_path, "export", "--tenant", "nobody")
     assert "no sessions in tenant 'nobody'" in one_clean_line(nobody)

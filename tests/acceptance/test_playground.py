@@ -57,7 +57,9 @@ def watch(page: Page) -> list[str]:
 
 
 @pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
+async def page(browser: Browser, live_server: ServerProcess) -> AsyncIterator[Page]:
+    # Taking the server makes it outlive the page: stopped first, it would
+    # leave the open page a refused reconnection to report as a console error.
     context = await browser.new_context(viewport={"width": 1280, "height": 900})
     opened = await context.new_page()
     problems = watch(opened)

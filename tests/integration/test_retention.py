@@ -403,7 +403,8 @@ async def _race(
     }
 
     def retryable(response: httpx.Response) -> bool:
-        if response.status_code != 200:
+        # UNAVAILABLE comes as a 503 when the whole request failed on it.
+        if response.status_code not in (200, 503):
             return False
         errors = response.json().get("errors") or []
         return any(e.get("extensions", {}).get("retryable") for e in errors)
