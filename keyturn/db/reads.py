@@ -225,7 +225,9 @@ class RawJSON:
 
 
 def _raw_event(row: Row) -> EventRecord:
-    data = cast(dict[str, Any], RawJSON(row["data"]))  # read by the answer's encoder only
+    # Read by the answer's encoder only. The cast's type is a string: a
+    # subscripted dict[...] would be built anew for every row.
+    data = cast("dict[str, Any]", RawJSON(row["data"]))
     return EventRecord(
         row["id"],
         row["session_id"],
