@@ -11,13 +11,21 @@ the handshake is dropped once answered, and the queue and the flag are made
 of one list and one future, made only when something waits. What the
 protocol does is unchanged: the same frames, limits, pings and closes.
 
+It also writes less often. uvicorn writes each frame to the socket as it
+is sent, and on loopback or a LAN a socket write is most of what sending
+costs: a subscription's last answer is two frames (``next``, then
+``complete``), and when a turn ends its thousand listeners are two thousand
+writes, a quarter of the process's time while it delivers them (measured,
+py-spy). Here the frames sent in one pass of the event loop go out in one
+write at its end, in the order they were sent.
+
 ``keyturn serve`` runs with it (keyturn.ops.serving names it to uvicorn).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request
@@ -95,12 +103,55 @@ class _Flag:
         return True
 
 
+class _Coalesced:
+    """The connection's transport, but what is written in one pass of the
+    event loop goes to the socket in one write, at its end. Closing or
+    aborting sends (or drops) what is pending first, so nothing is
+    reordered; everything else is the transport's own."""
+
+    __slots__ = ("_loop", "_pending", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] | None = None
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if self._pending is None:
+            self._pending = [data]
+            self._loop.call_soon(self.flush)
+        else:
+            self._pending.append(data)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending = None
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class WebSockets(WebSocketsSansIOProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.queue = _Inbox()  # type: ignore[assignment]
         self.writable = _Flag()  # type: ignore[assignment]
         self.writable.set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.transport = _Coalesced(cast(asyncio.Transport, transport), self.loop)  # type: ignore[assignment]
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
