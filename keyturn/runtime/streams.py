@@ -52,29 +52,27 @@ async def _turn_and_seq(
 async def turn_completed(
     *, engine: Engine, bus: EventBus, tenant: str, turn_id: uuid.UUID
 ) -> AsyncIterator[TurnRecord]:
+    # One read, in one snapshot with the session's counter: if the turn has
+    # not ended there, its end carries a higher seq, and the bus hands this
+    # subscriber every event after that seq, whenever it registers (from its
+    # shared window or the table). So the read may be one another listener
+    # of the same turn made a moment ago: a thousand listeners subscribing
+    # to a running turn at once are one query, not two thousand.
+    found = await bus.shared.get(
+        ("turn+seq", tenant, turn_id), lambda: _turn_and_seq(engine, tenant, turn_id)
+    )
+    if found is None:
+        raise NotFound(f"turn {turn_id} not found")
+    if found[0].status in TERMINAL_STATUSES:
+        yield found[0]
+        return
     # The reads are helpers, and what they return is dropped once used: this
     # frame lives as long as its subscriber waits, and so would every local
     # in it (a connection's objects, two turns).
-    first = await _turn(engine, tenant, turn_id)
-    if first is None:
-        raise NotFound(f"turn {turn_id} not found")
-    if first.status in TERMINAL_STATUSES:
-        yield first
-        return
-    session_id = first.session_id
-    del first
-    sub = bus.register(session_id, 0)
+    session_id, cursor = found[0].session_id, found[1]
+    del found
+    sub = bus.register(session_id, cursor)
     try:
-        # Read again after registering, in one snapshot with the session's
-        # counter: if the turn has not ended there, its end carries a higher seq.
-        found = await _turn_and_seq(engine, tenant, turn_id)
-        if found is None:  # its session was deleted meanwhile
-            raise SessionDeleted(session_id)
-        if found[0].status in TERMINAL_STATUSES:
-            yield found[0]
-            return
-        sub.cursor = found[1]
-        del found
         while True:
             events = await bus.read(sub)
             if any(e.turn_id == turn_id and e.type in TERMINAL_EVENTS for e in events):

@@ -7,15 +7,20 @@ from typing import Any
 
 import pytest
 from gql.transport.exceptions import TransportQueryError
+from websockets.asyncio.client import connect as ws_connect
+from websockets.typing import Subprotocol
 
+from keyturn.db import reads
 from tests.support import (
     SESSION_EVENTS,
     TURN_COMPLETED,
     GraphQLClient,
     InProcessServer,
     request,
+    serve_in_process,
     ws_session,
 )
+from tests.support.statements import counting_statements
 
 
 async def test_turn_completed_arrives_live_then_the_stream_ends(
@@ -102,3 +107,40 @@ async def test_many_listeners_on_one_turn_each_get_it_once(
 
         results = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(50))), 30)
     assert all(len(r) == 1 and r[0]["turnCompleted"]["status"] == "COMPLETED" for r in results)
+
+
+async def test_listeners_subscribing_to_one_running_turn_share_one_read_of_it(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A storm of listeners on one turn (every page of an agent frontend
+    open at once) costs the database one read of the turn, not one per
+    listener, and each still gets the turn's end once."""
+    with counting_statements(monkeypatch) as seen:
+        async with serve_in_process(database_url) as srv:
+            client = GraphQLClient(srv.url)
+            sid = await client.create_session()
+            turn = (await client.submit(sid, "k", "/sleep 1500"))["turn"]
+            await client.close()
+            async with ws_session(srv.ws_url) as ws:
+
+                async def one() -> list[Any]:
+                    return [r async for r in ws.subscribe(request(TURN_COMPLETED, t=turn["id"]))]
+
+                results = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(50))), 30)
+    assert all(len(r) == 1 and r[0]["turnCompleted"]["status"] == "COMPLETED" for r in results)
+    assert seen.count(str(reads._TURN_AND_SEQ)) == 1, seen.count(str(reads._TURN_AND_SEQ))
+
+
+async def test_the_websocket_handshake_answer_carries_the_connections_request_id(
+    server: InProcessServer,
+) -> None:
+    # As every HTTP answer does: the client's own id when it sent one, else a new one.
+    protocols = [Subprotocol("graphql-transport-ws")]
+    headers = {"X-Request-ID": "ws-probe.1"}
+    async with ws_connect(server.ws_url, subprotocols=protocols, additional_headers=headers) as ws:
+        assert ws.response is not None
+        assert ws.response.headers["x-request-id"] == "ws-probe.1"
+    async with ws_connect(server.ws_url, subprotocols=protocols) as ws:
+        assert ws.response is not None
+        made = ws.response.headers["x-request-id"]
+        assert len(made) == 32 and made != "ws-probe.1"
