@@ -382,8 +382,22 @@ def cmd_prune(args: argparse.Namespace) -> int:
     # is also the command's answer, on stdout.
     logs.configure(settings.log_format)
     report = _on_database(url, where, lambda e: sweeper(e).run_pass())
-    print(report.line())
+    # Both on one terminal, the log's last line is already the answer on the
+    # screen: printed again, a person would read it twice.
+    if not _same_terminal(sys.stdout, sys.stderr):
+        print(report.line())
     return 0
+
+
+def _same_terminal(a: object, b: object) -> bool:
+    try:
+        return bool(
+            a.isatty()  # type: ignore[attr-defined]
+            and b.isatty()  # type: ignore[attr-defined]
+            and os.path.samestat(os.fstat(a.fileno()), os.fstat(b.fileno()))  # type: ignore[attr-defined]
+        )
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _positive_seconds(value: str) -> float:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pty
 import signal
 import subprocess
 import sys
@@ -167,6 +169,50 @@ async def test_a_pass_logs_its_progress_lines_with_their_figures_and_no_secret(
     assert len(done) == 1 and done[0]["pruned_turns"] == 200 and done[0]["batches"] >= 40
     # The answer on stdout is the pass's line.
     assert "retention pass: pruned 200 turns (600 events blanked" in result.stdout
+
+
+def _on_a_terminal(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    """``keyturn ARGS`` with stdout and stderr on one terminal: its exit code
+    and what the screen showed."""
+    main, side = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keyturn", *args],
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=side,
+            stderr=side,
+        )
+        os.close(side)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            screen += chunk
+        return proc.wait(60), screen.decode()
+    finally:
+        os.close(main)
+
+
+async def test_on_a_terminal_the_pass_line_is_shown_once(
+    database_url: str, db: Any, tmp_path: Path
+) -> None:
+    """Its log (stderr) and its answer (stdout) on one terminal: the log's
+    last line is the answer, not shown a second time."""
+    await seed_backlog(db, sessions=2, turns_per_session=3, ended_ago=timedelta(days=3))
+    code, text = await asyncio.to_thread(
+        _on_a_terminal,
+        ["prune"],
+        clean_env(KEYTURN_DATABASE_URL=database_url, **RETENTION),
+        tmp_path,
+    )
+    assert code == 0, text
+    assert text.count("retention pass: pruned 6 turns") == 1, text
 
 
 # A pass every 0.3 s, in batches of ten turns.
