@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.subscriptions import (
     GRAPHQL_TRANSPORT_WS_PROTOCOL,
@@ -34,11 +35,12 @@ from keyturn.errors import DatabaseBusy, DatabaseUnavailable
 from keyturn.http import health, metrics
 from keyturn.http.fairness import Fairness, Shares
 from keyturn.http.graphiql import graphiql_mount, page_response
-from keyturn.http.guard import AuthorizationProblem, Guard, bearer_token
+from keyturn.http.guard import AuthorizationProblem, Guard, bearer_token, websocket_closed
 from keyturn.http.persisted import PersistedDocuments
 from keyturn.http.playground import playground_mount
 from keyturn.http.protocol import TRY_AGAIN_LATER, WS_REFUSAL, GraphQLOverHTTP
-from keyturn.http.requestlog import RequestLog
+from keyturn.http.requestlog import RequestLog, request_id
+from keyturn.logs import REQUEST_ID
 from keyturn.resolvers.context import Context, QueryLimits
 from keyturn.runtime.auth import Authenticator
 from keyturn.runtime.process import Runtime
@@ -221,10 +223,8 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
         "metrics_public": settings.metrics_public,
     }
     return _Keyturn(
-        # The same two middlewares every other request passes through, in the
-        # same order; Fairness lets WebSockets by (their operations are
-        # counted one by one, keyturn.http.protocol).
-        graphql_websocket=RequestLog(Guard(graphql_app, **guard)),
+        graphql_websocket=graphql_app,
+        state=state,
         routes=[
             Route("/graphql", graphql_app),
             WebSocketRoute("/graphql", graphql_app),
@@ -245,22 +245,34 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
 
 
 class _Keyturn(Starlette):
-    """Starlette, with a WebSocket to /graphql handed straight to its
-    middlewares and view.
+    """Starlette, with a WebSocket to /graphql handed straight to its view.
 
     A WebSocket stays inside the application for as long as it is open, and
     each layer it passes through on the way in stays with it: Starlette's
-    error and exception middlewares, its router and route are six frames
-    per connection (and two more calls on every message sent) that do
-    nothing for a WebSocket whose view answers every error itself."""
+    error and exception middlewares, its router and route (six frames), then
+    RequestLog, the Guard and the view's ASGI entry (five more), per
+    connection, for a WebSocket whose view answers every error itself. What
+    the two middlewares do for one is done here, in this one frame: the
+    request id of RequestLog (the view puts it in the handshake's answer)
+    and the Guard's clean-up once it ends. Fairness lets WebSockets by
+    (their operations are counted one by one, keyturn.http.protocol)."""
 
-    def __init__(self, *, graphql_websocket: RequestLog, **kwargs: Any) -> None:
+    def __init__(
+        self, *, graphql_websocket: KeyturnGraphQL, state: dict[str, Any], **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self._graphql_websocket = graphql_websocket
+        self._state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket" and scope["path"] == "/graphql":
-            scope["app"] = self
-            await self._graphql_websocket(scope, receive, send)
-        else:
+        if scope["type"] != "websocket" or scope["path"] != "/graphql":
             await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self
+        token = REQUEST_ID.set(request_id(scope))
+        try:
+            # What the view's ASGI entry does with a WebSocket.
+            await self._graphql_websocket.run(WebSocket(scope, receive=receive, send=send))
+        finally:
+            websocket_closed(self._state, scope)
+            REQUEST_ID.reset(token)

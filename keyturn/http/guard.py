@@ -228,22 +228,19 @@ class Guard:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The Origin of browser WebSockets is checked by Strawberry (same origin,
-        # or on KEYTURN_ALLOWED_ORIGINS); here we only forget the connection's
-        # token once it ends, and give back what its large messages grew.
-        largest = 0
-
-        async def measuring() -> Message:
-            nonlocal largest
-            message = await receive()
-            size = len(message.get("text") or message.get("bytes") or "")
-            largest = max(largest, size)
-            return message
-
+        # or on KEYTURN_ALLOWED_ORIGINS); here we only clean up once it ends.
         try:
-            await self.app(scope, measuring, send)
+            await self.app(scope, receive, send)
         finally:
-            auth: Authenticator | None = self.state.get("auth")
-            if auth is not None:
-                auth.unwatch(id(scope))
-            if largest >= memory.LARGE_MESSAGE_BYTES:
-                memory.give_back()
+            websocket_closed(self.state, scope)
+
+
+def websocket_closed(state: dict[str, Any], scope: Scope) -> None:
+    """Once a WebSocket to /graphql has ended: its token is forgotten, and
+    what its large messages grew is given back (the view marks a connection
+    that received one, keyturn.http.memory)."""
+    auth: Authenticator | None = state.get("auth")
+    if auth is not None:
+        auth.unwatch(id(scope))
+    if memory.received_large(scope):
+        memory.give_back()

@@ -26,12 +26,15 @@ import ctypes
 import ctypes.util
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any
 
 EVERY_S = 1.0
 # Smaller messages come from the allocator's small-object pools, which give
 # their memory back on their own.
 LARGE_MESSAGE_BYTES = 256 * 1024
+# In a WebSocket's scope state once it has received a large message.
+_RECEIVED_LARGE = "keyturn.received_large"
 
 
 def _load_trim() -> Callable[[int], int] | None:
@@ -79,3 +82,16 @@ def give_back() -> None:
     if _pending is not None:
         _pending.cancel()
     _pending = asyncio.get_running_loop().call_later(EVERY_S, _trailing)
+
+
+def note_received(scope: MutableMapping[str, Any], size: int) -> None:
+    """A WebSocket's message of ``size`` bytes was received (a mark in its
+    scope only for a large one, so a connection of small messages keeps
+    nothing for this)."""
+    if size >= LARGE_MESSAGE_BYTES:
+        scope.setdefault("state", {})[_RECEIVED_LARGE] = True
+
+
+def received_large(scope: Mapping[str, Any]) -> bool:
+    """Whether :func:`note_received` saw a large message on this WebSocket."""
+    return bool(scope.get("state", {}).get(_RECEIVED_LARGE))

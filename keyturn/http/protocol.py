@@ -15,7 +15,8 @@
 from __future__ import annotations
 
 from collections.abc import Coroutine, Mapping
-from typing import Any
+from json import JSONDecodeError
+from typing import Any, cast
 
 from cross_web import AsyncHTTPRequestAdapter, HTTPException
 from graphql import GraphQLError
@@ -23,9 +24,11 @@ from graphql import OperationType as CoreOperation
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnected, WebSocketState
 from strawberry.asgi import ASGIWebSocketAdapter, GraphQL
 from strawberry.exceptions import MissingQueryError
 from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
+from strawberry.http.exceptions import NonJsonMessageReceived, NonTextMessageReceived
 from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     BaseGraphQLTransportWSHandler,
@@ -34,14 +37,17 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
 from strawberry.subscriptions.protocols.graphql_transport_ws.types import (
     ConnectionInitMessage,
     ErrorMessage,
+    Message,
     SubscribeMessage,
 )
 from strawberry.types import ExecutionResult
 from strawberry.types.graphql import OperationType
 
+from keyturn.http import memory
 from keyturn.http.fairness import BUSY_ERROR, Shares
 from keyturn.http.media import GRAPHQL_RESPONSE, is_ide_request, response_media_type
 from keyturn.http.persisted import PersistedDocumentError, PersistedDocuments
+from keyturn.logs import REQUEST_ID
 from keyturn.resolvers.context import Context
 from keyturn.schema import operation_type
 
@@ -81,7 +87,56 @@ def _is_request_error(result: ExecutionResult) -> bool:
     return result.data is None and bool(errors) and all(e.path is None for e in errors)
 
 
+class _Messages:
+    """The connection's messages, decoded, as Strawberry's ``iter_json``
+    yields them (the same exceptions at the same messages, the end at the
+    client's close or once the application has closed), and each message's
+    size noted for keyturn.http.memory.
+
+    Not an async generator reading through ``receive_text``: a connection
+    waits in here for as long as it is open, and those are two frames (and
+    the text of the message last read, the subscribe message of an idle
+    subscription) where this is one."""
+
+    __slots__ = ("_done", "_ignore_parsing_errors", "_view", "_ws")
+
+    def __init__(self, view: Any, ws: WebSocket, ignore_parsing_errors: bool) -> None:
+        self._view = view
+        self._ws = ws
+        self._ignore_parsing_errors = ignore_parsing_errors
+        self._done = False
+
+    def __aiter__(self) -> _Messages:
+        return self
+
+    async def __anext__(self) -> object:
+        ws = self._ws
+        while not self._done and ws.application_state != WebSocketState.DISCONNECTED:
+            if ws.application_state != WebSocketState.CONNECTED:
+                raise WebSocketDisconnected(
+                    'WebSocket is not connected. Need to call "accept" first.'
+                )
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                break
+            memory.note_received(ws.scope, len(message.get("text") or message.get("bytes") or ""))
+            try:
+                text = message["text"]
+            except KeyError as error:
+                raise NonTextMessageReceived from error
+            try:
+                return self._view.decode_json(text)
+            except JSONDecodeError as error:
+                if not self._ignore_parsing_errors:
+                    raise NonJsonMessageReceived from error
+        self._done = True
+        raise StopAsyncIteration
+
+
 class _WebSocketAdapter(ASGIWebSocketAdapter):
+    def iter_json(self, *, ignore_parsing_errors: bool = False) -> _Messages:  # type: ignore[override]
+        return _Messages(self.view, self.ws, ignore_parsing_errors)
+
     async def close(self, code: int, reason: str) -> None:
         # Strawberry closes a refused connection_init with 4403 "Forbidden";
         # say why when we know (a token without its Bearer scheme, say), or
@@ -106,6 +161,13 @@ class _TransportWS(BaseGraphQLTransportWSHandler[Context, None]):
                 return
             message = {**message, "payload": {**payload, "query": query or ""}}
         await super().handle_subscribe(message)
+
+    async def handle_message(self, message: Message) -> None:
+        await super().handle_message(message)
+        # handle() keeps the message it read last in its frame until the next
+        # one comes, for an idle subscription its subscribe message. What is
+        # kept of that (its id, query and variables) has been taken by now.
+        cast(dict[str, Any], message).clear()
 
     async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
         await super().handle_connection_init(message)
@@ -182,6 +244,17 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
             media_type=response_media_type(request.headers.get("accept")),
             headers=refused.headers,
         )
+
+    async def create_websocket_response(
+        self, request: WebSocket, subprotocol: str | None
+    ) -> WebSocket:
+        # The connection's request id (keyturn.http.requestlog) in the
+        # handshake's answer, as in every HTTP answer.
+        rid = REQUEST_ID.get()
+        await request.accept(
+            subprotocol=subprotocol, headers=[(b"x-request-id", rid.encode())] if rid else None
+        )
+        return request
 
     def should_render_graphql_ide(self, request: Any) -> bool:
         # Only a GET is ever the page: a POST need not parse its query string

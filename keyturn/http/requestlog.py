@@ -31,6 +31,11 @@ def _incoming(scope: Scope) -> str | None:
     return None
 
 
+def request_id(scope: Scope) -> str:
+    """The request's own id when it sent one that looks like an id, else a new one."""
+    return _incoming(scope) or uuid.uuid4().hex
+
+
 class RequestLog:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -39,8 +44,8 @@ class RequestLog:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        request_id = _incoming(scope) or uuid.uuid4().hex
-        header = (b"x-request-id", request_id.encode())
+        rid = request_id(scope)
+        header = (b"x-request-id", rid.encode())
         status = 0
         started = time.perf_counter()
 
@@ -51,7 +56,7 @@ class RequestLog:
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
-        token = REQUEST_ID.set(request_id)
+        token = REQUEST_ID.set(rid)
         try:
             await self.app(scope, receive, send_with_id)
         finally:

@@ -25,6 +25,7 @@ write at its end, in the order they were sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, cast
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -143,6 +144,50 @@ class _Coalesced:
 
 
 class WebSockets(WebSocketsSansIOProtocol):
+    # Slots for every attribute uvicorn's protocol sets (uvicorn 0.54): it
+    # sets 37, past what an instance's shared-key dict holds, so each
+    # connection had a dict of its own (1.5 KiB). One a later version adds
+    # goes to the instance's dict, as before.
+    __slots__ = (
+        "app",
+        "app_state",
+        "asgi_version",
+        "client",
+        "close_sent",
+        "close_timeout",
+        "close_timer",
+        "config",
+        "conn",
+        "connections",
+        "curr_msg_data_type",
+        "default_headers",
+        "disconnected",
+        "frames",
+        "handshake_complete",
+        "handshake_initiated",
+        "initial_response",
+        "last_ping_rtt",
+        "logger",
+        "loop",
+        "pending_ping_payload",
+        "ping_interval",
+        "ping_sent_at",
+        "ping_timeout",
+        "ping_timer",
+        "pong_timer",
+        "queue",
+        "read_paused",
+        "request",
+        "response",
+        "root_path",
+        "scheme",
+        "scope",
+        "server",
+        "tasks",
+        "transport",
+        "writable",
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.queue = _Inbox()  # type: ignore[assignment]
@@ -155,11 +200,17 @@ class WebSockets(WebSocketsSansIOProtocol):
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
-        # The ASGI scope has what the application reads of the request.
-        self.__dict__.pop("request", None)
+        # The ASGI scope has what the application reads of the request. The
+        # request stays referred to by websockets' parser (a local of its
+        # generator) for the connection's life: emptied, it keeps none of
+        # its headers.
+        event.headers.clear()
+        with contextlib.suppress(AttributeError):
+            del self.request
 
     async def send(self, message: Any) -> None:
         await super().send(message)
         if message["type"] == "websocket.accept" and self.handshake_complete:
             # Sent: the 101 response is not read again.
-            self.__dict__.pop("response", None)
+            with contextlib.suppress(AttributeError):
+                del self.response

@@ -50,6 +50,47 @@ _NO_PLAN = object()
 
 
 class FastLists(StrawberryGraphQLCoreExecutionContext):
+    # Slots for the attributes graphql-core (3.3), Strawberry and this class
+    # set on an execution context: 33, past what an instance's shared-key
+    # dict holds, so each operation had a dict of its own (1.6 KiB), kept
+    # for as long as a subscription waits. One a later version adds goes to
+    # the instance's dict, as before.
+    __slots__ = (
+        "_deferred_execution_plans",
+        "_initial_execution_plans",
+        "_plans",
+        "_relevant_sub_fields",
+        "_stream_usages",
+        "abort_signal",
+        "async_helpers",
+        "async_work_finished_hook_task",
+        "background_futures",
+        "collected_errors",
+        "context_value",
+        "defer_usage_set",
+        "enable_early_execution",
+        "error_propagation",
+        "field_resolver",
+        "fragment_definitions",
+        "fragments",
+        "groups",
+        "hide_suggestions",
+        "hooks",
+        "is_async_iterable",
+        "is_awaitable",
+        "middleware_manager",
+        "operation",
+        "operation_extensions",
+        "pending_incremental_futures",
+        "root_value",
+        "schema",
+        "streams",
+        "subscribe_field_resolver",
+        "tasks",
+        "type_resolver",
+        "variable_values",
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plans: dict[tuple[int, int], tuple[FieldDetailsList, Any]] = {}

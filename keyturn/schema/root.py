@@ -6,7 +6,8 @@ sees, and turns an invalid request into the ``InvalidInput`` union member.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator, Callable
+from typing import Generic, TypeVar
 
 import strawberry
 
@@ -197,36 +198,72 @@ class Mutation:
         return from_decision(result, turn_id=str(input.turn_id), key=input.idempotency_key)
 
 
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+class _Live(Generic[R, T]):
+    """A subscription's stream: the runtime's records, each as its GraphQL
+    type. The runtime's stream is asked for at the first read, so a bad id
+    is an error of the stream, as from a generator (not of the resolver).
+
+    Not an async generator wrapping the runtime's stream: its frame, and in
+    it the resolver's info (the field's nodes, path and info objects), would
+    live for as long as the subscription waits."""
+
+    __slots__ = ("_convert", "_open", "_records")
+
+    def __init__(self, open_records: Callable[[], AsyncIterator[R]], convert: Callable[[R], T]):
+        self._open = open_records
+        self._convert = convert
+        self._records: AsyncIterator[R] | None = None
+
+    def __aiter__(self) -> _Live[R, T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if self._records is None:
+            self._records = self._open()
+        return self._convert(await anext(self._records))
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._records, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 @strawberry.type
 class Subscription:
     @strawberry.subscription(  # type: ignore[untyped-decorator]
         description="Yields the turn once it has ended (at once if it already has), then completes."
     )
-    async def turn_completed(self, info: Info, turn_id: strawberry.ID) -> AsyncGenerator[Turn]:
-        async for turn in streams.turn_completed(info.context, turn_id=turn_id):
-            yield Turn.from_record(turn)
+    def turn_completed(self, info: Info, turn_id: strawberry.ID) -> AsyncIterator[Turn]:
+        ctx = info.context
+        return _Live(lambda: streams.turn_completed(ctx, turn_id=turn_id), Turn.from_record)
 
     @strawberry.subscription(  # type: ignore[untyped-decorator]
         description="The turn's events with seq > afterSeq, from the record, then live, in "
         "seq order with no gap and no duplicate; completes after its terminal event "
         "(turn.completed, turn.failed, turn.interrupted or turn.cancelled)."
     )
-    async def turn_events(
+    def turn_events(
         self, info: Info, turn_id: strawberry.ID, after_seq: int | None = 0
-    ) -> AsyncGenerator[Event]:
-        async for event in streams.turn_events(
-            info.context, turn_id=turn_id, after_seq=after_seq or 0
-        ):
-            yield Event.from_record(event)
+    ) -> AsyncIterator[Event]:
+        ctx = info.context
+        return _Live(
+            lambda: streams.turn_events(ctx, turn_id=turn_id, after_seq=after_seq or 0),
+            Event.from_record,
+        )
 
     @strawberry.subscription(  # type: ignore[untyped-decorator]
         description="Every event with seq > afterSeq, from the record, then live; in seq "
         "order, no gap, no duplicate."
     )
-    async def session_events(
+    def session_events(
         self, info: Info, session_id: strawberry.ID, after_seq: int | None = 0
-    ) -> AsyncGenerator[Event]:
-        async for event in streams.session_events(
-            info.context, session_id=session_id, after_seq=after_seq or 0
-        ):
-            yield Event.from_record(event)
+    ) -> AsyncIterator[Event]:
+        ctx = info.context
+        return _Live(
+            lambda: streams.session_events(ctx, session_id=session_id, after_seq=after_seq or 0),
+            Event.from_record,
+        )
