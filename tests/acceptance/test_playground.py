@@ -57,9 +57,10 @@ def watch(page: Page) -> list[str]:
 
 
 @pytest.fixture
-async def page(browser: Browser, live_server: ServerProcess) -> AsyncIterator[Page]:
-    # Taking the server makes it outlive the page: stopped first, it would
-    # leave the open page a refused reconnection to report as a console error.
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    # Tests take their server before the page (pytest tears fixtures down in
+    # reverse): a server stopped while its page is open leaves the page a
+    # refused reconnection to report as a console error.
     context = await browser.new_context(viewport={"width": 1280, "height": 900})
     opened = await context.new_page()
     problems = watch(opened)
@@ -83,7 +84,7 @@ async def record(db: Any, session_id: str) -> tuple[int, int]:
 
 
 async def test_submit_reload_retry_replays_and_changed_input_conflicts(
-    page: Page, live_server: ServerProcess, db: Any, shots: Path
+    live_server: ServerProcess, page: Page, db: Any, shots: Path
 ) -> None:
     await open_playground(page, live_server.url)
     await page.get_by_role("button", name="New session").click()
@@ -180,7 +181,7 @@ OBSERVE_OUTPUT = """() => {
 
 
 async def test_a_streamed_answer_grows_live_and_reads_the_same_after_a_reload(
-    page: Page, live_server: ServerProcess, db: Any, shots: Path
+    live_server: ServerProcess, page: Page, db: Any, shots: Path
 ) -> None:
     await open_playground(page, live_server.url)
     await page.get_by_role("button", name="New session").click()
@@ -220,7 +221,7 @@ async def test_a_streamed_answer_grows_live_and_reads_the_same_after_a_reload(
 
 
 async def test_a_running_turn_is_cancelled_from_its_answer(
-    page: Page, live_server: ServerProcess, db: Any
+    live_server: ServerProcess, page: Page, db: Any
 ) -> None:
     await open_playground(page, live_server.url)
     await page.get_by_role("button", name="New session").click()
@@ -249,7 +250,7 @@ async def test_a_running_turn_is_cancelled_from_its_answer(
 
 
 async def test_sessions_history_keyboard_timeline_and_narrow_window(
-    page: Page, live_server: ServerProcess, db: Any, shots: Path
+    live_server: ServerProcess, page: Page, db: Any, shots: Path
 ) -> None:
     await open_playground(page, live_server.url)
     picker = page.get_by_label("Pick a session")

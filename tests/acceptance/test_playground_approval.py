@@ -35,7 +35,7 @@ def approving_server(database_url: str, tmp_path: Path) -> Iterator[ServerProces
     [("Approve", "approved", '"applied": true'), ("Reject", "rejected", "refused by a person")],
 )
 async def test_a_waiting_call_is_decided_from_the_timeline(
-    page: Page, approving_server: ServerProcess, db: Any, button: str, state: str, says: str
+    approving_server: ServerProcess, page: Page, db: Any, button: str, state: str, says: str
 ) -> None:
     await open_playground(page, approving_server.url)
     await page.get_by_role("button", name="New session").click()
