@@ -77,17 +77,24 @@ def await_own_servers_stopped() -> None:
         time.sleep(0.02)
 
 
-def _own_server_processes() -> list[int]:
-    group = os.getpgrp()
-    targets = [str(pgdata) for pgdata in _started]
+def _processes(name: str, data_dirs: list[str]) -> list[int]:
+    """The pids of the processes called ``name`` whose command line names one
+    of ``data_dirs``."""
     found = []
     for proc in psutil.process_iter(attrs=["name", "cmdline"]):
         cmdline = " ".join(proc.info.get("cmdline") or [])
-        if proc.info.get("name") != "postgres" or not any(t in cmdline for t in targets):
-            continue
+        if proc.info.get("name") == name and any(d in cmdline for d in data_dirs):
+            found.append(proc.pid)
+    return found
+
+
+def _own_server_processes() -> list[int]:
+    group = os.getpgrp()
+    found = []
+    for pid in _processes("postgres", [str(pgdata) for pgdata in _started]):
         try:
-            if os.getpgid(proc.pid) == group:
-                found.append(proc.pid)
+            if os.getpgid(pid) == group:
+                found.append(pid)
         except OSError:
             continue  # gone since it was listed
     return found
@@ -125,16 +132,7 @@ def _await_interrupted_initdb(pgdata: Path) -> None:
     so after the command that started it has exited: a start in that moment
     would find a half-made directory. Wait for it to finish first."""
     deadline = time.monotonic() + _INITDB_WAIT_S
-    target = str(pgdata)
-    while time.monotonic() < deadline:
-        busy = False
-        for proc in psutil.process_iter(attrs=["name", "cmdline"]):
-            cmdline = proc.info.get("cmdline") or []
-            if proc.info.get("name") == "initdb" and any(target in part for part in cmdline):
-                busy = True
-                break
-        if not busy:
-            return
+    while time.monotonic() < deadline and _processes("initdb", [str(pgdata)]):
         time.sleep(0.05)
 
 

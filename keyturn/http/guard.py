@@ -121,9 +121,9 @@ class Guard:
         elif scope["type"] == "http" and scope["path"] == "/metrics" and not self.metrics_public:
             if await self._authenticate(scope, send) is not None:
                 await self.app(scope, receive, send)
-        elif scope["type"] == "websocket" and scope["path"] == "/graphql":
-            await self._websocket(scope, receive, send)
         else:
+            # A WebSocket to /graphql never gets here: the app runs it before
+            # its middlewares and calls websocket_closed once it ends.
             await self.app(scope, receive, send)
 
     async def _authenticate(self, scope: Scope, send: Send) -> str | None:
@@ -225,14 +225,6 @@ class Guard:
             return {"type": "http.request", "body": bytes(body), "more_body": False}
 
         await self.app(scope, replay, send)
-
-    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The Origin of browser WebSockets is checked by Strawberry (same origin,
-        # or on KEYTURN_ALLOWED_ORIGINS); here we only clean up once it ends.
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            websocket_closed(self.state, scope)
 
 
 def websocket_closed(state: dict[str, Any], scope: Scope) -> None:
