@@ -9,10 +9,14 @@ server started again with the turn retention: its own sweeper begins a pass
 at once, on its own timer, in the process that admits), with ``--sweeper
 prune`` a ``keyturn prune`` beside the server. The backlog is sized so the
 sweeper is still busy when the second window closes (the row says whether it
-was).
+was). By default the load submits to sessions of its own; with ``--load-on
+backlog`` it submits to the backlog's sessions, the very rows each batch of
+the sweeper locks, so an admission that waits behind a batch shows in the
+latency (the row reports p99 and the longest wait).
 
 python -m bench.retention [--duration 10] [--concurrency 32] [--backlog 150000]
                           [--sweeper serve|prune] [--sweep-s 1]
+                          [--load-on fresh|backlog]
                           [--database auto|embedded|URL] [--out PATH]
 prints the row and, with --out, writes it as JSON.
 """
@@ -46,8 +50,9 @@ TURNS_PER_SESSION = 500
 TARGET = ratio_target("r", "submitTurn while the sweeper prunes / alone")
 
 
-async def _prepare(url: str, backlog: int, sessions: int) -> list[str]:
-    """Migrate, seed the backlog, and make the sessions the load submits to."""
+async def _prepare(url: str, backlog: int, sessions: int, load_on: str) -> list[str]:
+    """Migrate, seed the backlog, and make (or, for ``load_on="backlog"``,
+    choose: every session of the backlog) the sessions the load submits to."""
     await migrate(url)
     conn = await admin_connect(url)
     try:
@@ -60,6 +65,9 @@ async def _prepare(url: str, backlog: int, sessions: int) -> list[str]:
                 history="NONE",
             )
         await conn.execute("ANALYZE")
+        if load_on == "backlog":
+            rows = await conn.fetch("SELECT DISTINCT session_id AS id FROM turns")
+            return [str(r["id"]) for r in rows]
         rows = await conn.fetch(
             "INSERT INTO sessions (id, default_history, tenant) "
             "SELECT gen_random_uuid(), 'NONE', '' FROM generate_series(1, $1) RETURNING id",
@@ -121,7 +129,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         tempfile.TemporaryDirectory(prefix="keyturn-bench-retention-") as tmp,
     ):
         progress(f"database: {where}; seeding a backlog of {args.backlog} ended turns")
-        sessions = asyncio.run(_prepare(url, args.backlog, args.sessions))
+        sessions = asyncio.run(_prepare(url, args.backlog, args.sessions, args.load_on))
         backlog = asyncio.run(_count(url, "SELECT count(*) FROM turns"))
         env = {
             "KEYTURN_POOL_SIZE": str(args.pool_size),
@@ -179,6 +187,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "label": "submitTurn while the retention sweeper prunes a backlog (ratio to alone)",
         "database": where,
         "sweeper": args.sweeper,
+        "load_on": args.load_on,
+        "load_sessions": len(sessions),
         "backlog_turns": backlog,
         "concurrency": args.concurrency,
         "duration_s": args.duration,
@@ -210,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sweep-s", type=float, default=1.0, help="KEYTURN_RETENTION_SWEEP_S (--sweeper serve)"
     )
+    p.add_argument(
+        "--load-on",
+        choices=("fresh", "backlog"),
+        default="fresh",
+        help="submit to new sessions, or to the backlog's (the rows the sweeper locks)",
+    )
     p.add_argument("--pool-size", type=int, default=10, help="KEYTURN_POOL_SIZE")
     p.add_argument("--database", default="auto", help="auto, embedded, or a URL")
     p.add_argument("--out", type=Path, default=None, help="write the row as JSON here")
@@ -217,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     row = measure(args)
     alone, swept = row["alone"], row["with_sweeper"]
     print(
-        f"r  submitTurn alone {alone['throughput']:.0f}/s (p99 {alone['p99_ms']:.1f} ms); "
-        f"while pruning {swept['throughput']:.0f}/s (p99 {swept['p99_ms']:.1f} ms); "
+        f"r  submitTurn to {args.load_on} sessions alone {alone['throughput']:.0f}/s "
+        f"(p99 {alone['p99_ms']:.1f} ms, max {alone['max_ms']:.0f} ms); "
+        f"while pruning {swept['throughput']:.0f}/s "
+        f"(p99 {swept['p99_ms']:.1f} ms, max {swept['max_ms']:.0f} ms); "
         f"ratio {row['ratio']:.2f} (must >= {RATIO_FLOOR}: {row['verdict']['verdict']}); "
         f"{row['pruned_during_window']} turns "
         f"pruned in the window, sweeper busy throughout: {row['sweeper_busy_whole_window']}"
