@@ -264,9 +264,22 @@ _RELEASE = Statement(
 
 # Not fenced: it records that a fenced write was refused, whatever the turn's
 # state now. It still takes the session row before the turn's (the bump).
+# Once per turn, write, owner and stale epoch: a refusal whose answer was lost
+# is sent again on a fresh connection by the write's retry, which finds it
+# here in the record and appends nothing (a second refusal of that write
+# under that epoch would say nothing the first does not).
 _REFUSED = Statement(
     f"""
-    WITH t AS (SELECT id, session_id, epoch, owner, status FROM turns WHERE id = :turn_id),
+    WITH t AS (
+        SELECT id, session_id, epoch, owner, status FROM turns
+        WHERE id = :turn_id
+          AND NOT EXISTS (SELECT 1 FROM events e
+                          WHERE e.turn_id = :turn_id
+                            AND e.type = {literal(EventType.TURN_WRITE_REFUSED)}
+                            AND e.data ->> 'attempted' = CAST(:attempted AS text)
+                            AND e.data ->> 'by' = CAST(:by AS text)
+                            AND (e.data ->> 'staleEpoch')::bigint = CAST(:epoch AS bigint))
+    ),
     {
         append_event(
             "t",
@@ -444,8 +457,12 @@ async def release(conn: Conn, *, turn_id: uuid.UUID, epoch: int, owner: str) -> 
 
 async def record_refused_write(
     conn: Conn, *, turn_id: uuid.UUID, epoch: int, attempted: str, by: str
-) -> None:
-    await _REFUSED.execute(conn, turn_id=turn_id, epoch=epoch, attempted=attempted, by=by)
+) -> bool:
+    """Record that ``by``'s ``attempted`` write under ``epoch`` was refused;
+    False when the record already says so (an earlier attempt whose answer
+    was lost committed it)."""
+    seq = await _REFUSED.fetchval(conn, turn_id=turn_id, epoch=epoch, attempted=attempted, by=by)
+    return seq is not None
 
 
 async def owned_running(conn: Conn, *, owner: str) -> list[TurnRecord]:

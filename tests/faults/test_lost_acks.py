@@ -11,6 +11,7 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -445,3 +446,80 @@ async def test_a_retrys_own_settlement_whose_answer_was_lost_is_read_back(
         assert not judged(types.count("tool.reconciled") != 1), types
         assert [c.state for c in calls.values()] == [ToolCallState.RECONCILED_NOT_APPLIED]
         assert await store(direct, f"{w}/0") == [False]
+
+
+async def test_a_refusals_record_whose_answer_was_lost_is_recorded_once(
+    proxied: Callable[..., AbstractAsyncContextManager[Proxied]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A call holds before its intent while its turn passes to a newer epoch
+    # and is interrupted; let go, its intent is refused and the refusal is
+    # recorded. No renewal comes in between (one a minute): a refused renewal
+    # would abandon the held call before it wrote anything. The same input
+    # runs first without a cut: the cut turn must end the same way.
+    release = tmp_path / "release"
+    caplog.set_level("WARNING", logger="keyturn.runtime.fenced")
+    settings = {"lease_renew_s": 60.0, "hold_at": "before_intent:0", "hold_until": release}
+    async with proxied(**settings) as (srv, proxy, direct):
+        client = GraphQLClient(srv.url)
+
+        async def refused(key: str) -> str:
+            sid = await client.create_session()
+            tid: str = (await client.submit(sid, key, "/write a=1"))["turn"]["id"]
+            await held_at(direct, tid, 3)  # started, running, planned
+            await take_over(direct, tid)
+            await client.wait_for_status(tid, {"INTERRUPTED"}, 30)
+            release.touch()
+            await worker_idle(srv)  # the call left its hold and was refused
+            release.unlink()  # the next turn's call holds again
+            return tid
+
+        uncut = await refused("u")
+        expected = await event_types(direct, uncut)
+        assert expected.count("turn.write_refused") == 1, expected
+
+        proxy.cut_after(leases._REFUSED.sql)
+        tid = await refused("c")
+        assert proxy.cut_done.is_set(), "the proxy did not cut"
+        cut("turn.write_refused append")
+        # The refusal was sent again on a fresh connection after the cut, and
+        # found there as already recorded.
+        retried = [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "keyturn.runtime.fenced" and tid in r.getMessage()
+        ]
+        assert any("recording tool.intent failed; will retry" in m for m in retried), retried
+        assert any("tool.intent refused, epoch 1 is stale" in m for m in retried), retried
+        types = await event_types(direct, tid)
+        found = await contradictions(direct, tid)
+        assert not judged(bool(found) or types.count("turn.write_refused") != 1), (found, types)
+        assert types == expected, types
+        conn: Any = await asyncpg.connect(asyncpg_dsn(direct))
+        try:
+            [data] = [
+                orjson.loads(r["data"])
+                for r in await conn.fetch(
+                    "SELECT data FROM events WHERE turn_id = $1::uuid "
+                    "AND type = 'turn.write_refused'",
+                    tid,
+                )
+            ]
+        finally:
+            await conn.close()
+        assert data == {
+            "attempted": "tool.intent",
+            "by": srv.app.state.runtime.worker.owner,
+            "staleEpoch": 1,
+            "currentEpoch": 2,
+            "status": "INTERRUPTED",
+        }, data
+        states = [
+            [c["state"] for c in (await client.execute(CALLS, {"id": t}))["turn"]["toolCalls"]]
+            for t in (uncut, tid)
+        ]
+        assert states[0] == states[1], states
+        # Refused before its intent: the tool never ran.
+        assert await store(direct, f"{tid}/0") == []
+        await client.close()

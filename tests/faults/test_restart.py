@@ -4,6 +4,7 @@ in flight get a retryable error, retries converge, nothing acknowledged is lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -227,3 +228,86 @@ async def test_a_restart_with_tool_calls_in_flight_keeps_their_turns_and_the_sto
     else:
         assert applied.count(True) <= 1, (call, applied)
     print(f"restart -m {mode} with calls in flight: {[c['toolCalls'] for c in turns.values()]}")
+
+
+async def waiting_on_the_store(url: str, within: float = 15) -> None:
+    """Wait until a backend waits for the lock on the synthetic store: the
+    tool's own statement is running."""
+    conn: Any = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        deadline = time.monotonic() + within
+        while not await conn.fetchval(
+            """SELECT count(*) FROM pg_stat_activity
+               WHERE wait_event_type = 'Lock' AND query LIKE '%synthetic_effects%'
+                 AND pid <> pg_backend_pid()"""
+        ):
+            assert time.monotonic() < deadline, "the tool's statement did not start"
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
+# One call of each kind whose own statement (the synthetic store is in the
+# same PostgreSQL) is running when the server restarts.
+IN_STATEMENT = {"READ_ONLY": "/read a", "IDEMPOTENT": "/write a=1", "UNSAFE": "/append a=1"}
+
+
+@pytest.mark.parametrize("kind", list(IN_STATEMENT))
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+async def test_a_restart_while_a_tools_own_statement_runs_is_recorded_as_the_readme_says(
+    private_pg: PrivatePostgres, fault_db: str, mode: str, kind: str
+) -> None:
+    """The store's table is locked, so the tool's statement waits in the
+    server when it restarts; the restart ends that statement, and the tool
+    fails with the database. The call is recorded once the record can be
+    written again, as the README's restart paragraph says for its kind; the
+    turn goes on and completes; the store holds what the record says."""
+    settings = fast_settings(pool_size=4, lease_ttl_s=15.0)
+    async with serve_in_process(fault_db, settings) as srv:
+        client = GraphQLClient(srv.url)
+        sid = await client.create_session()
+        blocker: Any = await asyncpg.connect(asyncpg_dsn(fault_db))
+        try:
+            await blocker.execute("BEGIN; LOCK TABLE synthetic_effects IN ACCESS EXCLUSIVE MODE")
+            tid = (await client.submit(sid, "t", IN_STATEMENT[kind]))["turn"]["id"]
+            await waiting_on_the_store(fault_db)
+            # The restart ends the blocker's transaction too: nothing of it lingers.
+            await asyncio.to_thread(private_pg.restart, mode)
+        finally:
+            with contextlib.suppress(Exception):
+                await blocker.close(timeout=1)
+        figures.add("faults injected")
+        figures.add(f"faults: pg_ctl restart -m {mode} during a tool's own statement")
+        ended = await client.wait_for_status(tid, {"COMPLETED", "INTERRUPTED", "FAILED"}, 30)
+        turn = (await client.execute(CALLS, {"id": tid}))["turn"]
+        await client.close()
+    conn: Any = await asyncpg.connect(asyncpg_dsn(fault_db))
+    try:
+        applied = [
+            r["applied"]
+            for r in await conn.fetch(
+                "SELECT applied FROM synthetic_effects WHERE effect_key = $1 ORDER BY id",
+                f"{tid}/0",
+            )
+        ]
+    finally:
+        await conn.close()
+    types = [e["type"] for e in turn["events"]]
+    assert turn["status"] == "COMPLETED", (turn, ended)
+    assert "turn.interrupted" not in types and "turn.write_refused" not in types, types
+    assert types.count("tool.intent") == types.count("tool.result") == 1, types
+    [call] = turn["toolCalls"]
+    assert call["kind"] == kind, call
+    # The tool failed with the restart, not otherwise.
+    assert "DatabaseUnavailable" in call["result"]["error"], call
+    print(f"restart -m {mode} during a {kind} call's statement: {call}; store {applied}")
+    if kind == "READ_ONLY":
+        # An error, and the call counts as done: a read did nothing.
+        assert call["state"] == "COMPLETED" and "error" in call["result"], call
+    else:
+        # An IDEMPOTENT tool is asked at once whether its key was applied,
+        # but its store is the database that is still away: no answer.
+        assert call["state"] == "OUTCOME_UNKNOWN" and call["result"]["outcomeUnknown"], call
+    # Its statement was waiting for the lock when the restart ended it:
+    # nothing applied, and no question settled the key either.
+    assert applied == [], applied
