@@ -110,8 +110,13 @@ _TURNS_BEFORE_BATCH = Statement(
         turn=_TURN_PAGE_COLUMNS, window="admit_seq < :before", order="admit_seq DESC"
     )
 )
-_EVENTS_OF_TURNS = Statement(
-    f"SELECT {_EVENT_COLUMNS} FROM events WHERE turn_id = ANY(:ids) ORDER BY turn_id, seq"
+# What the tool ledger (keyturn.runtime.ledger.tool_calls) reads of a page of
+# turns, for Turn.toolCalls: their tool.* events only. A streamed turn's
+# turn.delta pieces (thousands of them) are filtered in the database, never
+# sent, decoded and dropped here.
+_TOOL_EVENTS_OF_TURNS = Statement(
+    f"SELECT {_EVENT_COLUMNS} FROM events WHERE turn_id = ANY(:ids) AND type LIKE 'tool.%' "
+    "ORDER BY turn_id, seq"
 )
 # A page of events per session, for a page of sessions: the window of
 # _RAW_EVENTS_AFTER/_RAW_EVENTS_BEFORE taken per session (each one an ordered
@@ -299,13 +304,14 @@ async def turns_before_batch(
     return _pages(rows, ids)
 
 
-async def events_of_turns(
+async def tool_events_of_turns(
     conn: Conn, *, turn_ids: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, list[EventRecord]]:
-    """Each turn's events in seq order (a turn with none maps to an empty list)."""
+    """Each turn's ``tool.*`` events, all the tool ledger reads, in seq order
+    (a turn with none maps to an empty list)."""
     ids = list(dict.fromkeys(turn_ids))
     found: dict[uuid.UUID, list[EventRecord]] = {tid: [] for tid in ids}
-    for r in await _EVENTS_OF_TURNS.fetch(conn, ids=ids):
+    for r in await _TOOL_EVENTS_OF_TURNS.fetch(conn, ids=ids):
         found[r["turn_id"]].append(event_from(r))
     return found
 

@@ -55,35 +55,41 @@ class EventPageKey:
 
 @dataclass(frozen=True, slots=True)
 class TurnEventsKey:
-    """A turn's events from seq ``after`` on: ``limit`` of them, or all (None)."""
+    """A turn's events from seq ``after`` on: at most ``limit`` of them."""
 
     turn_id: uuid.UUID
-    after: int = 0
-    limit: int | None = None
+    after: int
+    limit: int
 
 
 class Loaders:
     """Batches the reads a page of sessions or turns makes for each of its
-    rows: every session's turns, every turn's events (and, from them, its
-    tool calls), in one statement per level instead of one per row.
+    rows: every session's turns, every turn's page of events, every turn's
+    tool events (its tool calls), in one statement per level instead of one
+    per row.
 
     Nothing is cached (``cache=False``): a WebSocket connection keeps one
     context for as long as it stays open, and a cache there would answer a
-    later operation with what an earlier one read. A turn's events and tool
-    calls are asked for in the same batch, which reads each turn once.
+    later operation with what an earlier one read. A turn's page of events
+    and its tool calls are separate reads: the tool ledger needs every
+    ``tool.*`` event of the turn and nothing else, a page needs a bounded
+    window of all of them, and neither is cut from the other (a streamed
+    turn may have thousands of ``turn.delta`` events that the tool calls
+    must not read).
 
     Each loader is made when a resolver first asks for it: a WebSocket that
     only waits for a subscription's events never does, and would otherwise
-    hold three loaders for as long as it stays open.
+    hold four loaders for as long as it stays open.
     """
 
-    __slots__ = ("_reads", "_session_events", "_turn_events", "_turn_pages")
+    __slots__ = ("_reads", "_session_events", "_tool_events", "_turn_events", "_turn_pages")
 
     def __init__(self, reads: Reads) -> None:
         self._reads = reads
         self._turn_pages: DataLoader[TurnPageKey, TurnPage] | None = None
         self._session_events: DataLoader[EventPageKey, list[EventRecord]] | None = None
         self._turn_events: DataLoader[TurnEventsKey, list[EventRecord]] | None = None
+        self._tool_events: DataLoader[uuid.UUID, list[EventRecord]] | None = None
 
     @property
     def turn_pages(self) -> DataLoader[TurnPageKey, TurnPage]:
@@ -102,6 +108,13 @@ class Loaders:
         if self._turn_events is None:
             self._turn_events = DataLoader(self._load_turn_events, cache=False)
         return self._turn_events
+
+    @property
+    def tool_events(self) -> DataLoader[uuid.UUID, list[EventRecord]]:
+        """By turn id: the turn's ``tool.*`` events, what its tool calls are made of."""
+        if self._tool_events is None:
+            self._tool_events = DataLoader(self._load_tool_events, cache=False)
+        return self._tool_events
 
     async def _load_turn_pages(self, keys: list[TurnPageKey]) -> list[TurnPage]:
         # Sessions of one page all ask for the same window; one statement per window.
@@ -147,29 +160,20 @@ class Loaders:
         return [found[key] for key in keys]
 
     async def _load_turn_events(self, keys: list[TurnEventsKey]) -> list[list[EventRecord]]:
-        # Every event of the turns that need them all (Turn.toolCalls, an
-        # unpaged Turn.events) in one statement; a page of a turn asked for in
-        # the same batch is cut from them, any other page read per window.
-        whole = list(dict.fromkeys(k.turn_id for k in keys if k.limit is None))
-        full = await self._reads.events_of_turns(whole) if whole else {}
+        # A page of turns all ask for the same window: one statement per window.
         windows: dict[tuple[int, int], list[uuid.UUID]] = defaultdict(list)
         for key in keys:
-            if key.limit is not None and key.turn_id not in full:
-                windows[(key.after, key.limit)].append(key.turn_id)
-        pages: dict[tuple[uuid.UUID, int, int], list[EventRecord]] = {}
+            windows[(key.after, key.limit)].append(key.turn_id)
+        pages: dict[TurnEventsKey, list[EventRecord]] = {}
         for (after, limit), turn_ids in windows.items():
             got = await self._reads.turn_event_pages(turn_ids, after=after, limit=limit)
             for tid, rows in got.items():
-                pages[(tid, after, limit)] = rows
+                pages[TurnEventsKey(tid, after, limit)] = rows
+        return [pages[key] for key in keys]
 
-        def answer(key: TurnEventsKey) -> list[EventRecord]:
-            if key.limit is None:
-                return full[key.turn_id]
-            if key.turn_id in full:
-                return [e for e in full[key.turn_id] if e.seq > key.after][: key.limit]
-            return pages[(key.turn_id, key.after, key.limit)]
-
-        return [answer(key) for key in keys]
+    async def _load_tool_events(self, turn_ids: list[uuid.UUID]) -> list[list[EventRecord]]:
+        found = await self._reads.tool_events_of_turns(turn_ids)
+        return [found[tid] for tid in turn_ids]
 
 
 @dataclass(slots=True)

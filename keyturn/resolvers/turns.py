@@ -48,7 +48,7 @@ async def turn_events(
     all of them when they are at most MAX_UNPAGED_TURN_EVENTS (more answers
     an error naming the way to page, never a list cut short)."""
     # ``turn`` was found under ctx.tenant. Through the request's loader: a
-    # page of turns reads all their events at once.
+    # page of turns reads all their pages of events in one statement.
     after = check_after_seq(after_seq or 0)
     if first is not None:
         limit = check_first(first)
@@ -64,6 +64,7 @@ async def turn_events(
 
 
 async def tool_calls(ctx: Context, *, turn: TurnRecord) -> list[ToolCallView]:
-    """What the tool ledger establishes from the turn's events (read in the
-    same batch as the turn's ``events`` when both are asked for)."""
-    return ledger_tool_calls(await ctx.loaders.turn_events.load(TurnEventsKey(turn.id)))
+    """What the tool ledger establishes from the turn's ``tool.*`` events (a
+    page of turns reads them in one statement, which returns none of their
+    deltas)."""
+    return ledger_tool_calls(await ctx.loaders.tool_events.load(turn.id))

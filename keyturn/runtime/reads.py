@@ -13,7 +13,6 @@ from datetime import datetime
 from keyturn.db import reads
 from keyturn.db.engine import Engine, connect
 from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
-from keyturn.runtime.ledger import ToolCallView, tool_calls
 
 
 class Reads:
@@ -133,16 +132,13 @@ class Reads:
         async with connect(self.engine) as conn:
             return await reads.event(conn, tenant=tenant, event_id=event_id)
 
-    async def turn_events(self, turn_id: uuid.UUID) -> list[EventRecord]:
-        async with connect(self.engine) as conn:
-            return await reads.turn_events(conn, turn_id=turn_id)
-
-    async def events_of_turns(
+    async def tool_events_of_turns(
         self, turn_ids: Sequence[uuid.UUID]
     ) -> dict[uuid.UUID, list[EventRecord]]:
-        """:meth:`turn_events` for many turns in one statement."""
+        """Each turn's ``tool.*`` events (what its tool calls are made of), in
+        one statement for many turns."""
         async with connect(self.engine) as conn:
-            return await reads.events_of_turns(conn, turn_ids=turn_ids)
+            return await reads.tool_events_of_turns(conn, turn_ids=turn_ids)
 
     async def turn_event_pages(
         self, turn_ids: Sequence[uuid.UUID], *, after: int, limit: int
@@ -150,8 +146,3 @@ class Reads:
         """Per turn: up to ``limit`` of its events after seq ``after``, in one statement."""
         async with connect(self.engine) as conn:
             return await reads.turn_event_pages(conn, turn_ids=turn_ids, after=after, limit=limit)
-
-    async def tool_calls(self, turn_id: uuid.UUID) -> list[ToolCallView]:
-        """What the tool ledger establishes about the turn's calls (the turn
-        was looked up under the caller's tenant)."""
-        return tool_calls(await self.turn_events(turn_id))

@@ -4,13 +4,18 @@ one per row, and answers exactly what asking for each session on its own does.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
+from keyturn.db import reads as db_reads
+from keyturn.db import sql
+from keyturn.db.engine import connect, create_engine
+from keyturn.runtime.ledger import tool_calls
 from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_in_process
 from tests.support.statements import counting_statements
 
@@ -93,7 +98,8 @@ async def test_a_page_of_sessions_with_turns_events_and_tool_calls_is_a_few_stat
         with counting_statements(monkeypatch) as seen:
             page = await client.execute(PAGE)
         # One for the sessions, one for their count, one for all their turns,
-        # one for all the turns' events (tool calls come from the same events).
+        # one for all the turns' pages of events, one for all their tool
+        # events (what their tool calls are made of).
         assert len(seen) <= 6, seen
 
         sessions = [e["node"] for e in page["sessions"]["edges"]]
@@ -306,3 +312,114 @@ async def test_nodes_reads_each_kind_of_id_in_one_statement(
         assert kinds.count("Event") == 51
     finally:
         await client.close()
+
+
+@contextlib.contextmanager
+def event_rows_read(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The type of every event row a statement of the server (in this test's
+    process) hands back to it."""
+    types: list[str] = []
+    original = sql.Statement.fetch
+
+    async def fetch(self: sql.Statement, conn: Any, **params: Any) -> list[Any]:
+        rows: list[Any] = await original(self, conn, **params)
+        if " FROM events " in self.text:
+            types.extend(str(dict(row).get("type")) for row in rows)
+        return rows
+
+    monkeypatch.setattr(sql.Statement, "fetch", fetch)
+    try:
+        yield types
+    finally:
+        monkeypatch.undo()
+
+
+TOOL_CALL_FIELDS = "index tool arguments effectKey kind state result reusedFrom"
+
+
+def expected_calls(events: list[Any]) -> list[dict[str, Any]]:
+    """What the tool ledger makes of every event of a turn, as the API shows it."""
+    return [
+        {
+            "index": c.index,
+            "tool": c.tool,
+            "arguments": c.arguments,
+            "effectKey": c.effect_key,
+            "kind": c.kind.value,
+            "state": c.state.value,
+            "result": c.result,
+            "reusedFrom": c.reused_from,
+        }
+        for c in tool_calls(events)
+    ]
+
+
+async def test_tool_calls_of_streamed_turns_read_their_tool_events_not_their_deltas(
+    database_url: str, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A delta as soon as 1 ms has passed: each piece of the stream (10 ms
+    # apart) is a turn.delta of its own, or nearly. 60 pieces keep each turn
+    # under the 100 events wait_for_status reads unpaged.
+    settings = fast_settings(delta_flush_ms=1)
+    engine = create_engine(database_url, pool_size=2)
+    async with serve_in_process(database_url, settings) as srv:
+        client = GraphQLClient(srv.url)
+        try:
+            sid = await client.create_session()
+            turn_ids = []
+            for n in range(3):
+                text = f"/stream 60 10 /write a{n}=1 /read a{n} /append b{n}=2"
+                submitted = await client.submit(sid, f"k{n}", text)
+                turn_ids.append(submitted["turn"]["id"])
+            for tid in turn_ids:
+                await client.wait_for_status(tid, {"COMPLETED"}, within=60)
+            deltas = await db.fetchval(
+                "SELECT count(*) FROM events WHERE session_id = $1::uuid AND type = 'turn.delta'",
+                sid,
+            )
+            assert deltas >= 30, deltas  # the pieces the tool calls must not read
+
+            tools_only = (
+                "query($id: ID!) { session(id: $id) { turns(first: 100) { edges { node { "
+                f"id toolCalls {{ {TOOL_CALL_FIELDS} }} }} }} }} }} }}"
+            )
+            with event_rows_read(monkeypatch) as types:
+                page = await client.execute(tools_only, {"id": sid})
+            assert types, "the tool calls were read from no statement seen here"
+            assert all(t.startswith("tool.") for t in types), sorted(set(types))
+
+            # What the ledger makes of all of each turn's events: the answer
+            # is the same as when every event was read.
+            async with connect(engine) as conn:
+                every = {
+                    uuid.UUID(t): await db_reads.turn_events(conn, turn_id=uuid.UUID(t))
+                    for t in turn_ids
+                }
+            answers = {
+                e["node"]["id"]: e["node"]["toolCalls"] for e in page["session"]["turns"]["edges"]
+            }
+            assert set(answers) == set(turn_ids)
+            for tid in turn_ids:
+                assert answers[tid] == expected_calls(every[uuid.UUID(tid)]), tid
+                assert [(c["tool"], c["state"]) for c in answers[tid]] == [
+                    ("synthetic_write", "COMPLETED"),
+                    ("synthetic_read", "COMPLETED"),
+                    ("synthetic_append", "COMPLETED"),
+                ]
+
+            # Asked with a page of each turn's events, each list is still its own.
+            both = (
+                "query($id: ID!) { session(id: $id) { turns(first: 100) { edges { node { id "
+                f"events(first: 30, afterSeq: 0) {{ seq type }} toolCalls {{ {TOOL_CALL_FIELDS} }} "
+                "} } } } }"
+            )
+            page = await client.execute(both, {"id": sid})
+            for edge in page["session"]["turns"]["edges"]:
+                node = edge["node"]
+                events = every[uuid.UUID(node["id"])]
+                assert node["toolCalls"] == answers[node["id"]]
+                assert node["events"] == [{"seq": e.seq, "type": e.type} for e in events[:30]]
+                assert "turn.delta" in {e["type"] for e in node["events"]}
+        finally:
+            await client.close()
+            await engine.dispose()

@@ -134,3 +134,16 @@ async def test_the_admission_lookup_reads_by_key(db: Any, record: dict[str, Any]
     _no_seq_scan(nodes)
     row = await db.fetchrow(admission._LOOKUP.sql, *[params[n] for n in admission._LOOKUP.names])
     assert row["t_idempotency_key"] == "old-7" and isinstance(row["t_id"], uuid.UUID)
+
+
+async def test_the_tool_calls_of_a_page_of_turns_are_read_through_the_turn_index(
+    db: Any, record: dict[str, Any]
+) -> None:
+    turns = [r["id"] for r in await db.fetch("SELECT id FROM turns LIMIT 20")]
+    nodes = await _plan(db, reads._TOOL_EVENTS_OF_TURNS, ids=turns)
+    assert ("Index Scan", "events", "ix_events_turn") in _scans(nodes)
+    _no_seq_scan(nodes)
+    assert not [n for n in nodes if n["Node Type"] == "Sort"], "the index's order is re-sorted"
+    # The turns' other events (their deltas) are dropped in the scan, never sent.
+    [scan] = [n for n in nodes if n.get("Index Name") == "ix_events_turn"]
+    assert "tool.%" in scan.get("Filter", "") + scan.get("Index Cond", ""), scan

@@ -12,7 +12,7 @@ import pytest
 
 from keyturn.db import leases
 from keyturn.runtime.tools import SyntheticWrite
-from tests.integration.test_tool_ledger import held_at, settled, take_over
+from tests.integration.test_tool_ledger import held_at, settled, take_over, turn
 from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_in_process
 
 
@@ -83,4 +83,63 @@ async def test_a_slow_store_does_not_hold_up_other_sessions(
         assert len(reconciled) == 1
     finally:
         store_answers.set()
+        await client.close()
+
+
+async def test_a_question_that_times_out_is_asked_again_and_settles(
+    holding_server: InProcessServer, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The runner's own bound on one question, made short (it is 10 s).
+    holding_server.app.state.runtime.worker.runner.question_timeout_s = 0.5
+    client = GraphQLClient(holding_server.url)
+    asked: list[str] = []
+    timed_out = asyncio.Event()
+    others_ran = asyncio.Event()
+    applied = SyntheticWrite.applied
+
+    async def hangs_the_first_time(self: SyntheticWrite, effect_key: str) -> bool:
+        asked.append(effect_key)
+        if len(asked) > 1:
+            return await applied(self, effect_key)
+        try:
+            await asyncio.Future()  # the store never answers this one
+        except asyncio.CancelledError:
+            # The runner's timeout gave up on it. It finishes giving up only
+            # once other sessions' turns have run, so they ran while this
+            # question was out and unanswered.
+            timed_out.set()
+            await others_ran.wait()
+            raise
+        raise AssertionError("a question that never ends ended")
+
+    monkeypatch.setattr(SyntheticWrite, "applied", hangs_the_first_time)
+    try:
+        sid = await client.create_session()
+        w = (await client.submit(sid, "w", "/write a=1"))["turn"]["id"]
+        await held_at(db, w, 4)  # started, running, planned, intent
+        await take_over(db, w)
+        await client.wait_for_status(w, {"INTERRUPTED"})
+        await asyncio.wait_for(timed_out.wait(), 60)
+        assert asked == [f"{w}/0"]
+
+        other = await client.create_session()
+        plain = [
+            (await client.submit(other, f"p{i}", f"hello {i}"))["turn"]["id"] for i in range(3)
+        ]
+        for tid in plain:
+            assert (await client.wait_for_status(tid, {"COMPLETED"}, within=30))["output"]
+        # Nothing is asked twice at once, nor settled: the first question is not over yet.
+        assert asked == [f"{w}/0"]
+        assert [c["state"] for c in (await turn(client, w))["toolCalls"]] == ["OUTCOME_UNKNOWN"]
+        others_ran.set()
+
+        # Asked again after its backoff, the store answers: the call it never
+        # applied is settled as not applied, once.
+        t = await settled(client, w, within=60)
+        assert asked == [f"{w}/0", f"{w}/0"]
+        assert [c["state"] for c in t["toolCalls"]] == ["RECONCILED_NOT_APPLIED"]
+        reconciled = [e for e in t["events"] if e["type"] == "tool.reconciled"]
+        assert len(reconciled) == 1 and reconciled[0]["data"]["applied"] is False
+    finally:
+        others_ran.set()
         await client.close()

@@ -102,10 +102,10 @@ class StandInReads:
         self._runtime.called("reads.turns_batch")
         return {sid: ([TURN][:limit], 1) for sid in session_ids}
 
-    async def events_of_turns(
+    async def tool_events_of_turns(
         self, turn_ids: Sequence[uuid.UUID]
     ) -> dict[uuid.UUID, list[EventRecord]]:
-        self._runtime.called("reads.events_of_turns")
+        self._runtime.called("reads.tool_events_of_turns")
         return {tid: [EVENT] for tid in turn_ids}
 
     async def turn_event_pages(
@@ -117,14 +117,6 @@ class StandInReads:
     async def events(self, *, session_id: uuid.UUID, after: int, limit: int) -> list[EventRecord]:
         self._runtime.called("reads.events")
         return [EVENT][:limit]
-
-    async def turn_events(self, turn_id: uuid.UUID) -> list[EventRecord]:
-        self._runtime.called("reads.turn_events")
-        return [EVENT]
-
-    async def tool_calls(self, turn_id: uuid.UUID) -> list[Any]:
-        self._runtime.called("reads.tool_calls")
-        return []
 
 
 class StandInRuntime:
