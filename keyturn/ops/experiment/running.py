@@ -516,8 +516,14 @@ def _observe_race(
     seen: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     while pending:
         for turn_id in sorted(pending):
-            original = _gql(server, _RACE_TURN, {"id": turn_id})["turn"]
+            # The retry first: everything of the session committed before
+            # what this read of it sees (one session's seq is taken in commit
+            # order) is then in the read of the original that follows, so a
+            # settlement that came before the retry's plan is never missed.
+            # Read the other way round, a tool.reconciled committed between
+            # the two reads looked like a plan made before any settlement.
             retry = _gql(server, _RACE_TURN, {"id": retries[turn_id]})["turn"]
+            original = _gql(server, _RACE_TURN, {"id": turn_id})["turn"]
             # A retry that ran the call before the settlement is a finding
             # already; it may never end (the server's crash point can hold it).
             done = retry["status"] in TERMINAL_STATUSES
@@ -567,7 +573,21 @@ def _observe_race(
                 "race": {"contradicts": contradicts, "broken": broken},
             }
         )
+        if contradicts:
+            # What a reader needs to see the order the record holds.
+            observations[-1]["race"]["events"] = {
+                "original": _tool_events(original),
+                "retry": _tool_events(retry),
+            }
     return observations
+
+
+def _tool_events(turn: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"seq": e["seq"], "type": e["type"], "data": e["data"]}
+        for e in turn["events"]
+        if e["type"].startswith("tool.") or e["type"] in ("turn.running", "turn.interrupted")
+    ]
 
 
 def _killed(server: ServerProcess, point: str) -> None:
