@@ -21,6 +21,7 @@ import orjson
 from sqlalchemy.engine import make_url
 
 from keyturn.db.failures import DRIVER_ERRORS, is_busy, is_unavailable
+from keyturn.db.tenancy import CLAIM, ConnectionShares
 from keyturn.errors import DatabaseBusy, DatabaseUnavailable
 
 
@@ -187,14 +188,21 @@ class Engine:
     ``pool_size`` connections, and a checkout that waits ``pool_timeout``
     seconds for one is :class:`~keyturn.errors.DatabaseBusy`.
 
+    ``per_tenant``: a checkout made for a tenant's operation
+    (:mod:`keyturn.db.tenancy`) first takes one of that tenant's connections,
+    and waiting for it counts in the same ``pool_timeout``. The requests'
+    engine; the runtime's own pools (the worker's) never wait on a tenant.
+
     No SQLAlchemy on this path: its pool cost a few greenlet switches per
     checkout, on every request and every worker write. Alembic gets an engine
     of its own when it migrates (:mod:`keyturn.db.migrate`).
     """
 
-    __slots__ = ("_in_use", "_params", "_pool", "_size", "_timeout", "url")
+    __slots__ = ("_in_use", "_params", "_per_tenant", "_pool", "_size", "_timeout", "url")
 
-    def __init__(self, url: str, *, pool_size: int, pool_timeout: float) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int, pool_timeout: float, per_tenant: bool = True
+    ) -> None:
         self.url = url
         # Translated now, so that a URL Keyturn cannot honour stops the
         # start with DatabaseUrlError rather than the first request.
@@ -203,6 +211,7 @@ class Engine:
         self._timeout = pool_timeout
         self._pool: Any = None
         self._in_use = 0
+        self._per_tenant = per_tenant
 
     def size(self) -> int:
         """How many connections the pool may hold."""
@@ -252,8 +261,10 @@ class Engine:
 _DISPOSE_WAIT_S = 10.0
 
 
-def create_engine(url: str, *, pool_size: int = 10, pool_timeout: float = 30.0) -> Engine:
-    return Engine(url, pool_size=pool_size, pool_timeout=pool_timeout)
+def create_engine(
+    url: str, *, pool_size: int = 10, pool_timeout: float = 30.0, per_tenant: bool = True
+) -> Engine:
+    return Engine(url, pool_size=pool_size, pool_timeout=pool_timeout, per_tenant=per_tenant)
 
 
 def _jsonb_encode(text: str) -> bytes:
@@ -316,17 +327,33 @@ async def connect(engine: Engine) -> AsyncIterator[Conn]:
 
     A failure that means the database or the connection went away is raised
     as :class:`~keyturn.errors.DatabaseUnavailable`, a timeout (the pool's,
-    the server's statement or lock timeout) as its subclass
-    :class:`~keyturn.errors.DatabaseBusy`; nothing above ``db`` sees a driver
-    exception of that kind."""
+    the wait for one of the tenant's connections, the server's statement or
+    lock timeout) as its subclass :class:`~keyturn.errors.DatabaseBusy`;
+    nothing above ``db`` sees a driver exception of that kind."""
+    claim = CLAIM.get() if engine._per_tenant else None
+    if claim is not None and claim.ended:
+        claim = None
+    shares: ConnectionShares | None = None  # once the tenant's connection is taken
     try:
         pool = engine._pool or await engine._open()
         try:
             # asyncio.timeout rather than acquire(timeout=): the latter runs
-            # the checkout in a task of its own (wait_for) every time.
+            # the checkout in a task of its own (wait_for) every time. One
+            # timeout for the tenant's share and the pool's connection: a
+            # checkout waits pool_timeout in all.
             async with asyncio.timeout(engine._timeout):
+                if claim is not None:
+                    # One tenant never holds the whole pool while another
+                    # may wait: its share (as many as its operations,
+                    # keyturn.http.fairness) is capped at one less than the
+                    # pool. A pool of one cannot be shared.
+                    await claim.shares.acquire(claim.tenant, cap=max(1, engine._size - 1))
+                    shares = claim.shares
                 pooled = await pool.acquire()
         except TimeoutError:
+            if claim is not None and shares is None:
+                # The tenant's share stayed full: busy, as a full pool is.
+                raise DatabaseBusy() from None
             if engine._in_use >= engine._size:
                 raise DatabaseBusy() from None
             # A free slot, but no connection made in time: the server is
@@ -361,6 +388,11 @@ async def connect(engine: Engine) -> AsyncIterator[Conn]:
         if is_unavailable(error):
             raise DatabaseUnavailable() from error
         raise
+    finally:
+        # After the connection is back in the pool: the tenant never has
+        # more connections out than its share.
+        if shares is not None and claim is not None:
+            shares.release(claim.tenant)
 
 
 def _chain(error: BaseException) -> list[BaseException]:

@@ -1,5 +1,7 @@
 """Fairness between tenants: at most N GraphQL operations of one tenant run
-at once in a process, so that one tenant's flood of legal reads cannot take
+at once in a process, and they hold at most N connections of the requests'
+pool at once (one less than the pool, if N is not), so that one tenant's
+flood of legal reads, or one request of many aliased fields, cannot take
 every connection of the pool while other tenants wait.
 
 What holds a slot: an HTTP request, from the moment it passes the Guard
@@ -13,6 +15,15 @@ at its limit wait their turn, in order, for at most ``wait_s``; one that
 waits longer, or finds :data:`QUEUE_PER_SLOT` per slot already waiting, is
 answered ``UNAVAILABLE`` (retryable; over HTTP a 503 with ``Retry-After``)
 and never runs.
+While it holds its slot, an operation's checkouts count against its
+tenant's connections (:mod:`keyturn.db.tenancy`): graphql-core runs a
+query's root fields at once, each on a connection of its own, and those
+beyond the tenant's N wait for one of its connections to come back. The
+same N as the operations': a tenant whose operations take one connection
+each never waits for one (N below the pool), and the default N, half the
+pool, leaves the other half to the other tenants. A field that waits longer than
+``pool_timeout_s`` for its connection is answered ``UNAVAILABLE``, as one
+that finds the pool full is.
 An open server (no tokens) has one tenant, "", and nobody else to be fair
 to: its requests are not counted.
 """
@@ -26,6 +37,7 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from keyturn.db.tenancy import ConnectionShares, counted
 from keyturn.http.media import response_media_type
 
 # Waiting requests hold no connection, only their buffered bodies: the queue
@@ -58,10 +70,11 @@ class _Share:
 
 class Shares:
     """Every tenant's slots in this process, for HTTP requests and WebSocket
-    operations alike."""
+    operations alike, and the connections their operations hold."""
 
     def __init__(self, *, limit: int, wait_s: float) -> None:
         self.limit = limit
+        self.connections = ConnectionShares(limit=limit)
         self.queue = limit * QUEUE_PER_SLOT
         self.wait_s = wait_s
         self._shares: dict[str, _Share] = {}
@@ -137,22 +150,26 @@ class Fairness:
             await _unavailable(scope, send)
             return
         held = True
+        with counted(self.shares.connections, tenant) as claim:
 
-        def release() -> None:
-            nonlocal held
-            if held:
-                held = False
-                self.shares.leave(tenant)
+            def release() -> None:
+                nonlocal held
+                if held:
+                    held = False
+                    # A subscription's answer starts at once: its reads, from
+                    # now on, count against neither.
+                    claim.end()
+                    self.shares.leave(tenant)
 
-        async def send_releasing(message: Message) -> None:
-            if message["type"] == "http.response.start":
+            async def send_releasing(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    release()
+                await send(message)
+
+            try:
+                await self.app(scope, receive, send_releasing)
+            finally:
                 release()
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_releasing)
-        finally:
-            release()
 
 
 def _discard(share: _Share, waiter: asyncio.Future[Any]) -> None:

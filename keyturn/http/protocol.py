@@ -43,6 +43,7 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.types import (
 from strawberry.types import ExecutionResult
 from strawberry.types.graphql import OperationType
 
+from keyturn.db.tenancy import counted
 from keyturn.http import memory
 from keyturn.http.fairness import BUSY_ERROR, Shares
 from keyturn.http.media import GRAPHQL_RESPONSE, is_ide_request, response_media_type
@@ -195,8 +196,9 @@ class _TransportWS(BaseGraphQLTransportWSHandler[Context, None]):
         self, operation: Operation[Context, None], shares: Shares, tenant: str
     ) -> None:
         # A query or mutation holds one of its tenant's slots while it runs,
-        # as an HTTP request does (keyturn.http.fairness); a subscription
-        # waiting for events holds none.
+        # as an HTTP request does (keyturn.http.fairness), and its checkouts
+        # count against the tenant's connections; a subscription waiting for
+        # events holds neither.
         if not await shares.enter(tenant):
             busy = GraphQLError(BUSY_ERROR["message"], extensions=BUSY_ERROR["extensions"])
             await operation.send_operation_message(
@@ -204,7 +206,8 @@ class _TransportWS(BaseGraphQLTransportWSHandler[Context, None]):
             )
             return
         try:
-            await super().run_operation(operation)
+            with counted(shares.connections, tenant):
+                await super().run_operation(operation)
         finally:
             shares.leave(tenant)
 

@@ -97,13 +97,19 @@ class Runtime:
         self.bus.broadcast = self.listener.wake
         # The synthetic tools' store has its own connections: its writes are
         # never in a transaction of the runtime's record.
-        self.store_engine = create_engine(database_url, pool_size=2)
+        # Neither it nor the worker's pool below counts against a tenant's
+        # share of connections (keyturn.db.tenancy): a turn's work never waits
+        # for the requests of its tenant, even in a task begun in one.
+        self.store_engine = create_engine(database_url, pool_size=2, per_tenant=False)
         # The worker's writes (claims, lease renewals, finishes, the tool
         # ledger) and the history a running turn reads have their own pool:
         # however many requests wait for a connection of theirs, a renewal
         # never queues behind them and a running turn keeps its lease.
         self.work_engine = create_engine(
-            database_url, pool_size=settings.work_pool, pool_timeout=settings.pool_timeout_s
+            database_url,
+            pool_size=settings.work_pool,
+            pool_timeout=settings.pool_timeout_s,
+            per_tenant=False,
         )
         self.model = model or build_model(settings)
         # The builtin tools now; those of Python entry points and MCP servers
