@@ -26,11 +26,11 @@ serve: install
 # KEYTURN_TEST_DATABASE_URL names another server. Test files run in
 # TEST_PROCS processes at once (each with its own PostgreSQL when embedded):
 # most of the suite waits on leases, processes and polls rather than the CPU,
-# so two processes take about half the time on two cores. TEST_PROCS=0 runs
+# so more processes than cores pay: three on two cores. TEST_PROCS=0 runs
 # everything in this one process. The tests marked `serial` press Ctrl-C at
 # chosen moments of a start, which a busy machine moves: they run alone,
 # after the rest.
-TEST_PROCS ?= 2
+TEST_PROCS ?= 3
 PARALLEL := $(if $(filter 0,$(TEST_PROCS)),,-n $(TEST_PROCS) --dist loadfile)
 test: install
 ifeq ($(TEST_PROCS),0)

@@ -58,6 +58,20 @@ def format_retention(seconds: int | None) -> str:
 # Seconds, or None for forever.
 Retention = Annotated[int | None, BeforeValidator(parse_retention)]
 
+_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def parse_log_level(value: object) -> str:
+    """A logging level by its name, in any case; refused when settings are
+    read, so that no command meets it later as a traceback from logging."""
+    level = str(value).strip().lower()
+    if level not in _LEVELS:
+        raise ValueError(f"{str(value)!r} is not a level: {', '.join(_LEVELS)}")
+    return level
+
+
+LogLevel = Annotated[str, BeforeValidator(parse_log_level)]
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KEYTURN_", extra="ignore")
@@ -209,7 +223,7 @@ class Settings(BaseSettings):
     # /metrics tells whoever reads it how much traffic there is: once tokens
     # exist it needs one, unless this opens it for a scraper on a private network.
     metrics_public: bool = False
-    log_level: str = "info"
+    log_level: LogLevel = "info"
     # `keyturn serve` writes JSON lines (json) or lines for people (text);
     # auto: text on a terminal, JSON otherwise.
     log_format: Literal["auto", "json", "text"] = "auto"

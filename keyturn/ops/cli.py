@@ -378,13 +378,16 @@ def cmd_prune(args: argparse.Namespace) -> int:
         return 0
     # The pass logs as the server's sweeper does, on stderr: its progress
     # lines while it runs, its line at the end, each with its figures as
-    # fields (JSON lines unless on a terminal: KEYTURN_LOG_FORMAT). Its line
-    # is also the command's answer, on stdout.
-    logs.configure(settings.log_format)
+    # fields (JSON lines unless on a terminal: KEYTURN_LOG_FORMAT), at
+    # KEYTURN_LOG_LEVEL as serve's (both are INFO, so at warning neither is
+    # written). Its line is also the command's answer, on stdout.
+    logs.configure(settings.log_format, settings.log_level)
     report = _on_database(url, where, lambda e: sweeper(e).run_pass())
     # Both on one terminal, the log's last line is already the answer on the
-    # screen: printed again, a person would read it twice.
-    if not _same_terminal(sys.stdout, sys.stderr):
+    # screen: printed again, a person would read it twice. Unless the level
+    # kept that line off the screen.
+    logged = logging.getLogger("keyturn.runtime.retention").isEnabledFor(logging.INFO)
+    if not (logged and _same_terminal(sys.stdout, sys.stderr)):
         print(report.line())
     return 0
 

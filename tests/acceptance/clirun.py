@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -36,3 +37,31 @@ def one_clean_line(result: subprocess.CompletedProcess[str], *, code: int = 2) -
     assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     return lines[0]
+
+
+def on_a_terminal(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    """``keyturn ARGS`` with stdout and stderr on one terminal (a real pty):
+    its exit code and what the screen showed."""
+    main, side = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keyturn", *args],
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=side,
+            stderr=side,
+        )
+        os.close(side)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            screen += chunk
+        return proc.wait(60), screen.decode()
+    finally:
+        os.close(main)

@@ -8,6 +8,7 @@ in one line."""
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from keyturn.db.engine import create_engine
 from keyturn.ops import databases
 from keyturn.runtime.auth import create_token
-from tests.acceptance.clirun import keyturn, one_clean_line
+from tests.acceptance.clirun import clean_env, keyturn, on_a_terminal, one_clean_line
 from tests.support import GraphQLClient, InProcessServer, admin, fast_settings, serve_in_process
 from tests.support.recorded import (
     CANCEL,
@@ -437,3 +438,44 @@ async def test_a_tenants_sessions_move_in_one_file_all_or_nothing(
         cut = await run(third, tmp_path, "import", str(short))
         assert "after 1 of its 2 sessions (cut short?)" in one_clean_line(cut)
         assert await all_rows(third) == {t: 0 for t in before}
+
+
+async def test_on_a_terminal_export_and_import_draw_their_progress_and_the_file_stays_json_lines(
+    client: GraphQLClient, database_url: str, second_database_url: str, tmp_path: Path
+) -> None:
+    sid = await client.create_session()
+    for key, text in (("first", "/write colour=red"), ("second", "/stream 3 1 hello")):
+        tid = (await client.submit(sid, key, text))["turn"]["id"]
+        await client.wait_for_status(tid, {"COMPLETED"})
+    out = tmp_path / "session.jsonl"
+
+    code, screen = await asyncio.to_thread(
+        on_a_terminal,
+        ["export", "--session", sid, "--out", str(out)],
+        clean_env(KEYTURN_DATABASE_URL=database_url),
+        tmp_path,
+    )
+    assert code == 0, screen
+    lines = records(out)  # every line of the file is one JSON object
+    n = len(lines)
+    assert lines[0]["kind"] == "keyturn.export" and lines[-1]["kind"] == "end"
+    assert {"session", "turn", "event"} <= {line["kind"] for line in lines}
+    # Drawn over itself (a carriage return) up to the whole file, then the
+    # summary on a line of its own; none of the record on the screen.
+    drawn = re.findall(rf"\rexporting session {sid}: (\d+)/{n} lines", screen)
+    assert drawn and drawn[-1] == str(n), screen
+    assert f"{n}/{n} lines\r\nexported session {sid}: " in screen, screen
+    assert '"kind"' not in screen
+
+    code, screen = await asyncio.to_thread(
+        on_a_terminal,
+        ["import", str(out)],
+        clean_env(KEYTURN_DATABASE_URL=second_database_url),
+        tmp_path,
+    )
+    assert code == 0, screen
+    drawn = re.findall(rf"\rimporting {re.escape(str(out))}: (\d+) lines\r\n", screen)
+    # The count starts after the header line, which is read first.
+    assert len(drawn) == 1 and n - 1 <= int(drawn[0]) <= n, screen
+    assert re.search(r" lines\r\nimported session " + sid + r" \(", screen), screen
+    assert await all_rows(second_database_url) == await all_rows(database_url)

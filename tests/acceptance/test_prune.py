@@ -3,15 +3,14 @@ its own timer, and a serve SIGKILLed inside a batch loses that batch whole
 and finishes after a restart, every key answering KeyExpired, never a new
 turn; ``keyturn prune --dry-run`` says what a pass would remove and removes
 nothing; a pass SIGKILLed inside a batch and run again ends with the record
-one clean pass leaves; a pass logs its progress; doctor publishes the
+one clean pass leaves; a pass logs its progress, at KEYTURN_LOG_LEVEL; a
+server's /metrics counts what its own sweeper pruned; doctor publishes the
 policy; a retention that is not one stops the command with one line."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import pty
 import signal
 import subprocess
 import sys
@@ -19,10 +18,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
-from tests.acceptance.clirun import clean_env, one_clean_line
+from tests.acceptance.clirun import clean_env, on_a_terminal, one_clean_line
 from tests.integration.test_retention import submit
 from tests.support import GraphQLClient, ServerProcess, start_server_process, stop_process
 from tests.support.backlog import assert_backlog_pruned, seed_backlog
@@ -171,32 +172,50 @@ async def test_a_pass_logs_its_progress_lines_with_their_figures_and_no_secret(
     assert "retention pass: pruned 200 turns (600 events blanked" in result.stdout
 
 
-def _on_a_terminal(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
-    """``keyturn ARGS`` with stdout and stderr on one terminal: its exit code
-    and what the screen showed."""
-    main, side = pty.openpty()
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "keyturn", *args],
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=side,
-            stderr=side,
-        )
-        os.close(side)
-        screen = b""
-        while True:
-            try:
-                chunk = os.read(main, 65536)
-            except OSError:  # the terminal's other end is closed: all read
-                break
-            if not chunk:
-                break
-            screen += chunk
-        return proc.wait(60), screen.decode()
-    finally:
-        os.close(main)
+@pytest.mark.parametrize("terminal", [False, True])
+async def test_at_log_level_warning_a_pass_logs_no_progress_and_still_answers(
+    database_url: str, db: Any, tmp_path: Path, terminal: bool
+) -> None:
+    """KEYTURN_LOG_LEVEL is prune's level as it is serve's: at warning no
+    INFO line (neither progress nor the pass's own), and the answer is still
+    printed, on a terminal too, where no log line shows it any more."""
+    await seed_backlog(db, sessions=4, turns_per_session=10, ended_ago=timedelta(days=3))
+    settings = {
+        "KEYTURN_DATABASE_URL": database_url,
+        "KEYTURN_RETENTION_BATCH": "5",
+        "KEYTURN_LOG_LEVEL": "warning",
+        **RETENTION,
+    }
+    args = ["prune", "--progress-every", "0.05"]
+    if terminal:
+        code, screen = await asyncio.to_thread(on_a_terminal, args, clean_env(**settings), tmp_path)
+        assert code == 0, screen
+        assert "INFO" not in screen and "in progress" not in screen, screen
+        assert screen.count("retention pass: pruned 40 turns (120 events blanked") == 1, screen
+        return
+    result = await asyncio.to_thread(keyturn, *args, cwd=tmp_path, settings=settings)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr
+    assert "retention pass: pruned 40 turns (120 events blanked" in result.stdout
+    assert await db.fetchval("SELECT count(*) FROM key_tombstones") == 40
+
+
+@pytest.mark.parametrize("command", ["prune", "serve"])
+def test_a_log_level_that_is_not_one_stops_the_command_with_one_line(
+    tmp_path: Path, command: str
+) -> None:
+    result = keyturn(
+        command,
+        cwd=tmp_path,
+        settings={
+            "KEYTURN_DATA_DIR": str(tmp_path / "none"),
+            "KEYTURN_LOG_LEVEL": "loud",
+            **RETENTION,
+        },
+    )
+    line = one_clean_line(result, code=1)
+    assert "log_level" in line and "'loud' is not a level" in line, line
+    assert not (tmp_path / "none").exists()
 
 
 async def test_on_a_terminal_the_pass_line_is_shown_once(
@@ -206,7 +225,7 @@ async def test_on_a_terminal_the_pass_line_is_shown_once(
     last line is the answer, not shown a second time."""
     await seed_backlog(db, sessions=2, turns_per_session=3, ended_ago=timedelta(days=3))
     code, text = await asyncio.to_thread(
-        _on_a_terminal,
+        on_a_terminal,
         ["prune"],
         clean_env(KEYTURN_DATABASE_URL=database_url, **RETENTION),
         tmp_path,
@@ -355,6 +374,65 @@ async def test_serve_prunes_on_its_own_timer_and_a_kill_inside_a_batch_loses_onl
         assert again["__typename"] == "TurnReplayed" and again["turn"]["id"] == recent["turn"]["id"]
     finally:
         await client.close()
+        stop_process(server)
+
+
+async def _retention_on_metrics(server: ServerProcess) -> tuple[dict[str, float], float]:
+    """keyturn_retention_pruned_total by what, and keyturn_retention_passes_total,
+    as the server's /metrics says them now (a label not yet counted is 0)."""
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        response = await http.get("/metrics")
+    assert response.status_code == 200, response.text
+    pruned = {"turns": 0.0, "events": 0.0, "tombstones": 0.0}
+    passes = 0.0
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == "keyturn_retention_pruned_total":
+                pruned[sample.labels["what"]] = sample.value
+            elif sample.name == "keyturn_retention_passes_total":
+                passes = sample.value
+    return pruned, passes
+
+
+async def test_a_servers_own_sweeper_moves_the_retention_counters_its_metrics_show(
+    database_url: str, db: Any, tmp_path: Path
+) -> None:
+    server = start_server_process(database_url, tmp_path, env=SWEEPING, name="scraped")
+    try:
+        # Nothing to prune yet: the passes find nothing and count none.
+        assert (await _retention_on_metrics(server))[0] == {
+            "turns": 0,
+            "events": 0,
+            "tombstones": 0,
+        }
+        # Thirty turns to prune (three events each) and two tombstones to forget.
+        await seed_backlog(db, sessions=3, turns_per_session=10, ended_ago=timedelta(days=3))
+        await db.execute(
+            "INSERT INTO key_tombstones (session_id, idempotency_key, fingerprint, turn_id, "
+            "ended_at, expired_at, pruned_at) SELECT id, k, 'fp', gen_random_uuid(), "
+            "now() - interval '40 days', now() - interval '40 days', "
+            "now() - interval '31 days' "
+            "FROM (SELECT id FROM sessions LIMIT 1) s, unnest(ARRAY['gone-1', 'gone-2']) k"
+        )
+        await _wait_for(
+            db,
+            "SELECT count(*) FROM key_tombstones WHERE idempotency_key NOT LIKE 'gone-%' "
+            "AND NOT EXISTS (SELECT 1 FROM turns) "
+            "AND NOT EXISTS (SELECT 1 FROM key_tombstones WHERE idempotency_key LIKE 'gone-%')",
+            30,
+            server,
+        )
+        # Each batch is counted once it has committed: the scrape catches up
+        # with what the record already shows.
+        async with asyncio.timeout(20):
+            while (seen := await _retention_on_metrics(server))[0] != {  # noqa: ASYNC110 - a scrape
+                "turns": 30,
+                "events": 90,
+                "tombstones": 2,
+            }:
+                await asyncio.sleep(0.1)
+        assert seen[1] >= 1
+    finally:
         stop_process(server)
 
 

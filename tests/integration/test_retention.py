@@ -203,6 +203,8 @@ async def test_a_pruned_turn_leaves_a_tombstone_that_answers_key_expired_until_i
         ]
         await ended_ago(db, old, 2 * HOUR + 5)
         ended = await db.fetchval("SELECT completed_at FROM turns WHERE id = $1::uuid", old)
+        fingerprint = await db.fetchval("SELECT fingerprint FROM turns WHERE id = $1::uuid", old)
+        assert fingerprint
 
         report = await sweep.run_pass()
         assert (report.turns, report.events, report.tombstones_made) == (1, len(old_types), 1)
@@ -210,6 +212,8 @@ async def test_a_pruned_turn_leaves_a_tombstone_that_answers_key_expired_until_i
         stone = await db.fetchrow("SELECT * FROM key_tombstones WHERE session_id = $1::uuid", sid)
         assert str(stone["turn_id"]) == old and stone["idempotency_key"] == "old"
         assert stone["ended_at"] == ended and stone["expired_at"] == ended + timedelta(hours=1)
+        # The tombstone keeps the fingerprint of the request that made the turn.
+        assert stone["fingerprint"] == fingerprint
 
         # The session's record keeps every seq: the pruned turn's events say
         # what they were and that their data is gone.
@@ -230,7 +234,10 @@ async def test_a_pruned_turn_leaves_a_tombstone_that_answers_key_expired_until_i
         retry = await submit(client, sid, "old", "hello")
         assert retry["__typename"] == "KeyExpired" and retry["turnId"] == old
         assert retry["expiredAt"] == (ended + timedelta(hours=1)).isoformat()
-        assert (await submit(client, sid, "old", "other"))["__typename"] == "KeyExpired"
+        # Another request under the spent key: KeyExpired too, not a conflict
+        # (admission answers an expired key without comparing fingerprints).
+        changed = await submit(client, sid, "old", "other")
+        assert changed == retry, changed
         assert await everything(db) == before
         # The kept turn (ended just now) still replays.
         assert (await submit(client, sid, "kept", "later"))["__typename"] == "TurnReplayed"
