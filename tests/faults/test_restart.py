@@ -201,17 +201,7 @@ async def test_a_restart_with_tool_calls_in_flight_keeps_their_turns_and_the_sto
         }
         turns = {tid: (await client.execute(CALLS, {"id": tid}))["turn"] for tid in ended}
         await client.close()
-    conn: Any = await asyncpg.connect(asyncpg_dsn(fault_db))
-    try:
-        applied = [
-            r["applied"]
-            for r in await conn.fetch(
-                "SELECT applied FROM synthetic_effects WHERE effect_key = $1 ORDER BY id",
-                f"{write}/0",
-            )
-        ]
-    finally:
-        await conn.close()
+    applied = await store_rows(fault_db, f"{write}/0")
     for tid, t in turns.items():
         types = [e["type"] for e in t["events"]]
         assert t["status"] == "COMPLETED", (t, ended[tid])
@@ -228,6 +218,18 @@ async def test_a_restart_with_tool_calls_in_flight_keeps_their_turns_and_the_sto
     else:
         assert applied.count(True) <= 1, (call, applied)
     print(f"restart -m {mode} with calls in flight: {[c['toolCalls'] for c in turns.values()]}")
+
+
+async def store_rows(url: str, effect_key: str) -> list[bool]:
+    """Whether each row the synthetic store holds for ``effect_key`` applied it."""
+    conn: Any = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        rows = await conn.fetch(
+            "SELECT applied FROM synthetic_effects WHERE effect_key = $1 ORDER BY id", effect_key
+        )
+    finally:
+        await conn.close()
+    return [r["applied"] for r in rows]
 
 
 async def waiting_on_the_store(url: str, within: float = 15) -> None:
@@ -281,17 +283,7 @@ async def test_a_restart_while_a_tools_own_statement_runs_is_recorded_as_the_rea
         ended = await client.wait_for_status(tid, {"COMPLETED", "INTERRUPTED", "FAILED"}, 30)
         turn = (await client.execute(CALLS, {"id": tid}))["turn"]
         await client.close()
-    conn: Any = await asyncpg.connect(asyncpg_dsn(fault_db))
-    try:
-        applied = [
-            r["applied"]
-            for r in await conn.fetch(
-                "SELECT applied FROM synthetic_effects WHERE effect_key = $1 ORDER BY id",
-                f"{tid}/0",
-            )
-        ]
-    finally:
-        await conn.close()
+    applied = await store_rows(fault_db, f"{tid}/0")
     types = [e["type"] for e in turn["events"]]
     assert turn["status"] == "COMPLETED", (turn, ended)
     assert "turn.interrupted" not in types and "turn.write_refused" not in types, types

@@ -34,6 +34,34 @@ async def events_locked(db: Any) -> AsyncIterator[None]:
         await transaction.rollback()
 
 
+@contextlib.asynccontextmanager
+async def two_tenants(
+    server: Any,
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, str, str, str]]:
+    """Tenants a and b of ``server``, each with a client on its token and a
+    session: a's client, b's client, a's token, a's session, b's session."""
+    engine = server.app.state.runtime.engine
+    clients = []
+    tokens = []
+    for name in ("a", "b"):
+        token = await create_token(engine, name=name)
+        tokens.append(token)
+        clients.append(
+            httpx.AsyncClient(
+                base_url=server.url, timeout=30, headers={"authorization": f"Bearer {token}"}
+            )
+        )
+    try:
+        sessions = []
+        for http in clients:
+            made = await http.post("/graphql", json={"query": "mutation { createSession { id } }"})
+            sessions.append(made.json()["data"]["createSession"]["id"])
+        yield clients[0], clients[1], tokens[0], sessions[0], sessions[1]
+    finally:
+        for http in clients:
+            await http.aclose()
+
+
 async def until_done(tasks: list[asyncio.Task[httpx.Response]], n: int, within: float) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
@@ -45,24 +73,7 @@ async def until_done(tasks: list[asyncio.Task[httpx.Response]], n: int, within: 
 async def test_one_tenants_flood_does_not_starve_another(database_url: str, db: Any) -> None:
     settings = fast_settings(pool_size=4, tenant_max_concurrent=2, pool_timeout_s=1.0)
     async with serve_in_process(database_url, settings) as server:
-        engine = server.app.state.runtime.engine
-        a_token = await create_token(engine, name="a")
-        b_token = await create_token(engine, name="b")
-        a = httpx.AsyncClient(
-            base_url=server.url, timeout=30, headers={"authorization": f"Bearer {a_token}"}
-        )
-        b = httpx.AsyncClient(
-            base_url=server.url, timeout=30, headers={"authorization": f"Bearer {b_token}"}
-        )
-        try:
-            sessions = []
-            for http in (a, b):
-                made = await http.post(
-                    "/graphql", json={"query": "mutation { createSession { id } }"}
-                )
-                sessions.append(made.json()["data"]["createSession"]["id"])
-            a_session, b_session = sessions
-
+        async with two_tenants(server) as (a, b, _, a_session, b_session):
             async with events_locked(db):
                 flood = [
                     asyncio.create_task(
@@ -106,9 +117,6 @@ async def test_one_tenants_flood_does_not_starve_another(database_url: str, db: 
             assert len(ran) == 2
             for response in ran:
                 assert response.json() == {"data": {"session": {"events": {"totalCount": 0}}}}
-        finally:
-            await a.aclose()
-            await b.aclose()
 
 
 class Socket:
@@ -163,24 +171,7 @@ async def test_a_flood_over_one_websocket_counts_against_the_same_limit(
 ) -> None:
     settings = fast_settings(pool_size=4, tenant_max_concurrent=2, pool_timeout_s=1.0)
     async with serve_in_process(database_url, settings) as server:
-        engine = server.app.state.runtime.engine
-        a_token = await create_token(engine, name="a")
-        b_token = await create_token(engine, name="b")
-        a = httpx.AsyncClient(
-            base_url=server.url, timeout=30, headers={"authorization": f"Bearer {a_token}"}
-        )
-        b = httpx.AsyncClient(
-            base_url=server.url, timeout=30, headers={"authorization": f"Bearer {b_token}"}
-        )
-        try:
-            sessions = []
-            for http in (a, b):
-                made = await http.post(
-                    "/graphql", json={"query": "mutation { createSession { id } }"}
-                )
-                sessions.append(made.json()["data"]["createSession"]["id"])
-            a_session, b_session = sessions
-
+        async with two_tenants(server) as (a, b, a_token, a_session, b_session):
             async with socket_of(server.ws_url, a_token) as flood:
                 # Subscriptions waiting for events hold no slot: with three of
                 # them open, tenant a's two slots are still free.
@@ -238,9 +229,6 @@ async def test_a_flood_over_one_websocket_counts_against_the_same_limit(
                         "type": "next",
                         "payload": {"data": {"session": {"events": {"totalCount": 0}}}},
                     }
-        finally:
-            await a.aclose()
-            await b.aclose()
 
 
 def shares_of(app: Any) -> Any:
@@ -264,14 +252,6 @@ async def test_one_request_of_many_fields_holds_no_more_than_its_tenants_connect
     async with serve_in_process(database_url, settings) as server:
         engine = server.app.state.runtime.engine
         connections = shares_of(server.app).connections
-        a_token = await create_token(engine, name="a")
-        b_token = await create_token(engine, name="b")
-        a = httpx.AsyncClient(
-            base_url=server.url, timeout=30, headers={"authorization": f"Bearer {a_token}"}
-        )
-        b = httpx.AsyncClient(
-            base_url=server.url, timeout=30, headers={"authorization": f"Bearer {b_token}"}
-        )
         # The most connections of the requests' pool out at once while only
         # tenant a's request asks for them (b's probe aside).
         most = 0
@@ -284,72 +264,65 @@ async def test_one_request_of_many_fields_holds_no_more_than_its_tenants_connect
                     most = max(most, engine.checkedout())
                 await asyncio.sleep(0.005)
 
-        sampler = asyncio.create_task(sample())
-        running: list[asyncio.Task[Any]] = [sampler]
-        try:
-            sessions = []
-            for http in (a, b):
-                made = await http.post(
-                    "/graphql", json={"query": "mutation { createSession { id } }"}
-                )
-                sessions.append(made.json()["data"]["createSession"]["id"])
-            a_session, b_session = sessions
-
-            async with events_locked(db):
-                aliased = asyncio.create_task(
-                    a.post(
-                        "/graphql",
-                        json={"query": ALIASED_SLOW_READ, "variables": {"id": a_session}},
+        async with two_tenants(server) as (a, b, _, a_session, b_session):
+            sampler = asyncio.create_task(sample())
+            running: list[asyncio.Task[Any]] = [sampler]
+            try:
+                async with events_locked(db):
+                    aliased = asyncio.create_task(
+                        a.post(
+                            "/graphql",
+                            json={"query": ALIASED_SLOW_READ, "variables": {"id": a_session}},
+                        )
                     )
-                )
-                running.append(aliased)
-                # One of its fields reads events on its connection, and waits
-                # for the lock.
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + 15
-                while not await db.fetchval(
-                    "SELECT count(*) FROM pg_locks"
-                    " WHERE relation = 'events'::regclass AND NOT granted"
-                ):
-                    assert loop.time() < deadline, "no read of events waits for the lock"
-                    await asyncio.sleep(0.02)
+                    running.append(aliased)
+                    # One of its fields reads events on its connection, and waits
+                    # for the lock.
+                    loop = asyncio.get_running_loop()
+                    deadline = loop.time() + 15
+                    while not await db.fetchval(
+                        "SELECT count(*) FROM pg_locks"
+                        " WHERE relation = 'events'::regclass AND NOT granted"
+                    ):
+                        assert loop.time() < deadline, "no read of events waits for the lock"
+                        await asyncio.sleep(0.02)
 
-                # Another tenant, meanwhile: its data, not "the database is busy".
-                probing = True
-                answer = await asyncio.wait_for(
-                    b.post("/graphql", json={"query": QUICK_READ, "variables": {"id": b_session}}),
-                    10,
-                )
-                probing = False
-                assert answer.status_code == 200, answer.text
-                assert answer.json() == {"data": {"session": {"id": b_session}}}
+                    # Another tenant, meanwhile: its data, not "the database is busy".
+                    probing = True
+                    answer = await asyncio.wait_for(
+                        b.post(
+                            "/graphql", json={"query": QUICK_READ, "variables": {"id": b_session}}
+                        ),
+                        10,
+                    )
+                    probing = False
+                    assert answer.status_code == 200, answer.text
+                    assert answer.json() == {"data": {"session": {"id": b_session}}}
 
-                # a's other fields wait for its one connection, and give up.
-                deadline = loop.time() + 15
-                while connections.waiting("a"):
-                    assert loop.time() < deadline, "tenant a's fields still wait"
-                    await asyncio.sleep(0.02)
-                assert connections.held("a") == 1
-                assert engine.checkedout() == 1
-                assert not aliased.done()
+                    # a's other fields wait for its one connection, and give up.
+                    deadline = loop.time() + 15
+                    while connections.waiting("a"):
+                        assert loop.time() < deadline, "tenant a's fields still wait"
+                        await asyncio.sleep(0.02)
+                    assert connections.held("a") == 1
+                    assert engine.checkedout() == 1
+                    assert not aliased.done()
 
-            # The field that held the connection answers; the others were
-            # answered as a full pool answers: retryable, "busy".
-            response = await asyncio.wait_for(aliased, 15)
-            body = response.json()
-            assert response.status_code == 200, body
-            answered = {k: v for k, v in body["data"].items() if v is not None}
-            assert list(answered.values()) == [{"events": {"totalCount": 0}}], body
-            refused = {error["path"][0] for error in body["errors"]}
-            assert refused == set(body["data"]) - set(answered), body
-            for error in body["errors"]:
-                assert error["extensions"] == {"code": "UNAVAILABLE", "retryable": True}, body
-                assert "busy" in error["message"], body
-            figures.add("attack queries tried", 1)
-            assert most == 1, f"tenant a held {most} connections, its bound is 1"
-        finally:
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
-            await a.aclose()
-            await b.aclose()
+                # The field that held the connection answers; the others were
+                # answered as a full pool answers: retryable, "busy".
+                response = await asyncio.wait_for(aliased, 15)
+                body = response.json()
+                assert response.status_code == 200, body
+                answered = {k: v for k, v in body["data"].items() if v is not None}
+                assert list(answered.values()) == [{"events": {"totalCount": 0}}], body
+                refused = {error["path"][0] for error in body["errors"]}
+                assert refused == set(body["data"]) - set(answered), body
+                for error in body["errors"]:
+                    assert error["extensions"] == {"code": "UNAVAILABLE", "retryable": True}, body
+                    assert "busy" in error["message"], body
+                figures.add("attack queries tried", 1)
+                assert most == 1, f"tenant a held {most} connections, its bound is 1"
+            finally:
+                for task in running:
+                    task.cancel()
+                await asyncio.gather(*running, return_exceptions=True)
