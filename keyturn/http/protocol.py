@@ -50,7 +50,7 @@ from keyturn.http.media import GRAPHQL_RESPONSE, is_ide_request, response_media_
 from keyturn.http.persisted import PersistedDocumentError, PersistedDocuments
 from keyturn.logs import REQUEST_ID
 from keyturn.resolvers.context import Context
-from keyturn.schema import operation_type
+from keyturn.schema import KeyturnSchema, operation_type
 
 HOW_TO_SUBSCRIBE = (
     "a subscription needs a stream: open a WebSocket to /graphql (subprotocol "
@@ -218,6 +218,10 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
 
     documents: PersistedDocuments
     shares: Shares | None = None  # per-tenant slots, shared with keyturn.http.fairness
+    # Queries and mutations run by KeyturnSchema.run_operation, without
+    # Strawberry's extension runner; False takes Schema.execute, which must
+    # answer the same bytes (tests/integration/test_http_path_differential.py).
+    plain_execution = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -311,8 +315,14 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         # stream, above), and over GET nothing but queries.
         get = request_adapter.method == "GET"
         allowed = {OperationType.QUERY} if get else {OperationType.QUERY, OperationType.MUTATION}
+        schema = self.schema
+        run = (
+            schema.run_operation
+            if self.plain_execution and isinstance(schema, KeyturnSchema)
+            else schema.execute
+        )
         try:
-            return await self.schema.execute(
+            return await run(
                 request_data.query,
                 root_value=root_value,
                 variable_values=request_data.variables,
