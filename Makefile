@@ -45,9 +45,11 @@ endif
 # acceptance tests run once, in `make test`). Left out here, as they run the
 # same statements as the files kept and test what no PostgreSQL version
 # changes: the HTTP front door and its limits, the supervisor, the model and
-# MCP adapters, and the list completion compared with graphql-core's.
+# MCP adapters, the list completion compared with graphql-core's and the
+# HTTP operations compared with Strawberry's execution.
 DB_VERSION_FREE := http_spec variables auth query_limits fairness hostile \
-	supervision openai_model mcp_tools experiment_mcp_store fast_lists_differential
+	supervision openai_model mcp_tools experiment_mcp_store fast_lists_differential \
+	http_path_differential
 test-db: install
 	$(VENV)/bin/pytest $(PARALLEL) tests/integration tests/migration \
 		$(foreach f,$(DB_VERSION_FREE),--ignore=tests/integration/test_$(f).py)
