@@ -14,14 +14,24 @@ item would not complete cleanly (a null in a non-null field, a value its
 scalar refuses, an attribute that raises): that path then gives the error
 with its exact path and message. A large field (keyturn.schema.budget) is charged as its extension
 charges it, so a page past the size limit answers as before.
+
+A subscription's event is completed once for all the listeners it reaches
+with the same document and variables (:class:`_Deliveries`): a turn's end
+wakes every listener of it, and each completing the same selection on the
+same record was an eighth of the delivery's time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import asyncio
+import time
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from graphql import (
+    ExecutionResult,
+    ExperimentalIncrementalExecutionResults,
     GraphQLLeafType,
     GraphQLNonNull,
     GraphQLObjectType,
@@ -31,8 +41,9 @@ from graphql import (
     is_leaf_type,
     is_object_type,
 )
-from graphql.execution.collect_fields import FieldDetailsList
-from graphql.pyutils import Path, Undefined
+from graphql.execution.collect_fields import FieldDetailsList, collect_fields
+from graphql.language import OperationDefinitionNode
+from graphql.pyutils import AwaitableOrValue, Path, Undefined
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.schema.schema_converter import GraphQLCoreConverter
 
@@ -47,6 +58,108 @@ class _Unfit(Exception):
 
 
 _NO_PLAN = object()
+
+# How long an event's answer is kept for the other listeners it reaches.
+# Not one loop iteration: the listeners of one turn woken by its end queue
+# on their session's lock in the bus (keyturn.runtime.bus) and pass it one
+# after another, each woken by the one before, so a delivery to a hundred
+# of them spans about a hundred iterations. The bus keeps the record
+# itself twice as long (SharedReads), so this holds nothing much longer
+# than it lives anyway, and the answer's strings are the record's own.
+KEEP_S = 1.0
+MAX_KEPT = 1024
+
+
+@dataclass(slots=True)
+class _Answer:
+    record: Any
+    operation: OperationDefinitionNode
+    # None when the answer is the listener's own to compute: it has errors,
+    # or the selection reads more than the event (a resolver, a middleware).
+    data: dict[str, Any] | None
+    at: float
+
+
+class _Deliveries:
+    """Answers to subscription events, by the record the event was built
+    from, the operation and its variables, kept a moment.
+
+    The listeners of one turn that subscribed with the same document (one
+    parsed DocumentNode, from keyturn.schema.DOCUMENTS) and the same
+    variables get the same record (keyturn.runtime.streams shares one read
+    of it), and, when the document selects only plain attributes of it, the
+    same answer: it is completed once and its ``data`` given to each (no
+    consumer changes it: Strawberry's handlers only serialize it). A key
+    holds its record and operation, so their ids cannot be reused while it
+    is kept."""
+
+    __slots__ = ("_kept", "_loop", "_timer", "executed", "shared")
+
+    def __init__(self) -> None:
+        self._kept: dict[Hashable, _Answer] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        # Events completed by graphql-core, and events answered with another
+        # listener's completion.
+        self.executed = 0
+        self.shared = 0
+
+    def find(
+        self, key: Hashable, record: Any, operation: OperationDefinitionNode
+    ) -> _Answer | None:
+        found = self._kept.get(key)
+        if (
+            found is None
+            or found.record is not record
+            or found.operation is not operation
+            or time.monotonic() - found.at >= KEEP_S
+        ):
+            return None
+        return found
+
+    def keep(self, key: Hashable, answer: _Answer) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # nothing would expire it
+            return
+        kept = self._kept
+        kept.pop(key, None)  # insertion order stays the order of `at`
+        kept[key] = answer
+        while len(kept) > MAX_KEPT:
+            del kept[next(iter(kept))]
+        if self._timer is None or self._loop is not loop:
+            # A timer of a loop that has since ended would never run.
+            self._loop = loop
+            self._timer = loop.call_later(KEEP_S, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        kept = self._kept
+        cutoff = time.monotonic() - KEEP_S
+        while kept:
+            oldest = next(iter(kept))
+            if kept[oldest].at > cutoff:
+                break
+            del kept[oldest]
+        if kept and self._loop is not None:
+            first = next(iter(kept.values()))
+            self._timer = self._loop.call_later(
+                max(0.0, first.at + KEEP_S - time.monotonic()), self._expire
+            )
+
+
+DELIVERIES = _Deliveries()
+
+
+def _frozen(value: Any) -> Hashable:
+    """A hashable form of coerced variable values; TypeError when one is not.
+    Types are kept: 1, 1.0 and True are equal, but not the same answer."""
+    if isinstance(value, dict):
+        return (dict, tuple(sorted((k, _frozen(v)) for k, v in value.items())))
+    if isinstance(value, list | tuple):
+        return (list, tuple(_frozen(v) for v in value))
+    hash(value)
+    return (type(value), value)
 
 
 class FastLists(StrawberryGraphQLCoreExecutionContext):
@@ -94,6 +207,86 @@ class FastLists(StrawberryGraphQLCoreExecutionContext):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plans: dict[tuple[int, int], tuple[FieldDetailsList, Any]] = {}
+
+    def execute_operation(
+        self, serially: bool | None = None
+    ) -> AwaitableOrValue[ExecutionResult | ExperimentalIncrementalExecutionResults]:
+        if self.operation.operation is not OperationType.SUBSCRIPTION:
+            return super().execute_operation(serially)
+        # A subscription's event: keyturn's (Turn, Event) are built from
+        # their record alone (from_record), and keep it as ``_record``.
+        record = getattr(self.root_value, "_record", None)
+        key: Hashable | None = None
+        if record is not None:
+            try:
+                variables = _frozen(self.variable_values.coerced)
+            except TypeError:
+                pass
+            else:
+                key = (id(record), type(self.root_value), id(self.operation), variables)
+        if key is None:
+            DELIVERIES.executed += 1
+            return super().execute_operation(serially)
+        found = DELIVERIES.find(key, record, self.operation)
+        if found is not None:
+            if found.data is not None:
+                DELIVERIES.shared += 1
+                # A result of its own (a consumer may set its attributes);
+                # the data is the same.
+                return ExecutionResult(found.data, None)
+            DELIVERIES.executed += 1
+            return super().execute_operation(serially)
+        DELIVERIES.executed += 1
+        result = super().execute_operation(serially)
+        shared = (
+            result.data
+            if isinstance(result, ExecutionResult)
+            and not result.errors
+            and result.data is not None
+            and self._answers_from_event_alone()
+            else None
+        )
+        DELIVERIES.keep(key, _Answer(record, self.operation, shared, time.monotonic()))
+        return result
+
+    def _answers_from_event_alone(self) -> bool:
+        """Whether this subscription's answer to an event depends on the
+        event alone: below the subscription field every field selected is a
+        plain attribute (what this class's plans require: no resolver, no
+        arguments, no list), and nothing wraps the resolvers. Not the
+        context, then, which differs between listeners."""
+        manager = self.middleware_manager
+        if (manager is not None and manager.middlewares) or self.hooks is not None:
+            return False
+        if self.abort_signal is not None:
+            return False
+        root_type = self.schema.subscription_type
+        if root_type is None:
+            return False
+        grouped, defers, _ = collect_fields(
+            self.schema,
+            self.fragments,
+            self.variable_values,
+            root_type,
+            self.operation,
+            self.hide_suggestions,
+        )
+        if defers:
+            return False
+        for details in grouped.values():
+            name = details[0].node.name.value
+            if name == "__typename":
+                continue
+            field = root_type.fields.get(name)
+            if field is None or field.subscribe is None:
+                return False
+            field_type = field.type
+            inner = field_type.of_type if isinstance(field_type, GraphQLNonNull) else field_type
+            try:
+                self._object_plan(inner, details)
+            except _Unfit:
+                return False
+        return True
 
     def complete_iterable_value(
         self,
