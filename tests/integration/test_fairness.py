@@ -231,11 +231,6 @@ async def test_a_flood_over_one_websocket_counts_against_the_same_limit(
                     }
 
 
-def shares_of(app: Any) -> Any:
-    """The process's per-tenant slots and connections (keyturn.http.fairness)."""
-    return next(r.endpoint for r in app.routes if getattr(r, "path", None) == "/graphql").shares
-
-
 # One request, ten root fields: graphql-core runs them at once, each reading
 # on a connection of its own.
 ALIASED_SLOW_READ = (
@@ -251,7 +246,9 @@ async def test_one_request_of_many_fields_holds_no_more_than_its_tenants_connect
     settings = fast_settings(pool_size=4, tenant_max_concurrent=1, pool_timeout_s=1.0)
     async with serve_in_process(database_url, settings) as server:
         engine = server.app.state.runtime.engine
-        connections = shares_of(server.app).connections
+        shares = server.view.shares
+        assert shares is not None
+        connections = shares.connections
         # The most connections of the requests' pool out at once while only
         # tenant a's request asks for them (b's probe aside).
         most = 0

@@ -81,7 +81,6 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis_graphql import strategies as gst
 from starlette.requests import Request
-from starlette.routing import Route
 from strawberry.http import process_result
 from strawberry.schema.base import BaseSchema
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
@@ -383,11 +382,7 @@ async def both(server_url: str, template_db: str) -> AsyncIterator[Both]:
                 record = await seed(client)
             finally:
                 await client.close()
-            view = next(
-                r.endpoint
-                for r in server.app.routes
-                if isinstance(r, Route) and isinstance(r.endpoint, KeyturnGraphQL)
-            )
+            view = server.view
             core = build_schema(fast_lists=False)
             assert core.execution_context_class is StrawberryGraphQLCoreExecutionContext
             # The same schema with FastLists: its documents are parsed and

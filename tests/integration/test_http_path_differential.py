@@ -32,7 +32,6 @@ import httpx
 import orjson
 import pytest
 import pytest_asyncio
-from starlette.routing import Route
 
 from keyturn.http.app import KeyturnGraphQL
 from keyturn.ops import databases
@@ -143,11 +142,7 @@ async def served(
                 record = await seed(client)
             finally:
                 await client.close()
-            view = next(
-                r.endpoint
-                for r in server.app.routes
-                if isinstance(r, Route) and isinstance(r.endpoint, KeyturnGraphQL)
-            )
+            view = server.view
             # The comparison is only worth something if the default path is
             # the one without Strawberry's runner.
             assert view.plain_execution

@@ -47,6 +47,17 @@ async def holding_server(database_url: str) -> AsyncIterator[InProcessServer]:
         yield srv
 
 
+async def interrupted_write(client: GraphQLClient, db: Any) -> str:
+    """A turn of one ``/write`` interrupted after its call's intent (taken
+    over by another owner), its outcome for the store to settle; its id."""
+    sid = await client.create_session()
+    w = (await client.submit(sid, "w", "/write a=1"))["turn"]["id"]
+    await held_at(db, w, 4)  # started, running, planned, intent
+    await take_over(db, w)
+    await client.wait_for_status(w, {"INTERRUPTED"})
+    return str(w)
+
+
 async def test_a_slow_store_does_not_hold_up_other_sessions(
     holding_server: InProcessServer, db: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -62,11 +73,7 @@ async def test_a_slow_store_does_not_hold_up_other_sessions(
 
     monkeypatch.setattr(SyntheticWrite, "applied", slow_applied)
     try:
-        sid = await client.create_session()
-        w = (await client.submit(sid, "w", "/write a=1"))["turn"]["id"]
-        await held_at(db, w, 4)  # started, running, planned, intent
-        await take_over(db, w)
-        await client.wait_for_status(w, {"INTERRUPTED"})
+        w = await interrupted_write(client, db)
         # The store is being asked and does not answer; other sessions' turns run.
         other = await client.create_session()
         plain = [
@@ -114,11 +121,7 @@ async def test_a_question_that_times_out_is_asked_again_and_settles(
 
     monkeypatch.setattr(SyntheticWrite, "applied", hangs_the_first_time)
     try:
-        sid = await client.create_session()
-        w = (await client.submit(sid, "w", "/write a=1"))["turn"]["id"]
-        await held_at(db, w, 4)  # started, running, planned, intent
-        await take_over(db, w)
-        await client.wait_for_status(w, {"INTERRUPTED"})
+        w = await interrupted_write(client, db)
         await asyncio.wait_for(timed_out.wait(), 60)
         assert asked == [f"{w}/0"]
 

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from starlette.routing import Route
 
-from keyturn.http.app import create_app
+from keyturn.http.app import KeyturnGraphQL, create_app
 from keyturn.ops.serverproc import ServerProcess, free_port, start_server
 from keyturn.settings import Settings
 
@@ -44,6 +45,15 @@ class InProcessServer:
     @property
     def ws_url(self) -> str:
         return self.url.replace("http://", "ws://") + "/graphql"
+
+    @property
+    def view(self) -> KeyturnGraphQL:
+        """The app's /graphql view (its documents, its shares of tenants)."""
+        return next(
+            r.endpoint
+            for r in self.app.routes
+            if isinstance(r, Route) and isinstance(r.endpoint, KeyturnGraphQL)
+        )
 
 
 @contextlib.asynccontextmanager
