@@ -126,8 +126,21 @@ def test_ctrl_c_while_starting_stops_quietly(fresh_data_dir: Path, command: list
         # A start that had already finished ends as a stop does (0).
         assert code in (130, 0), (code, output)
         interrupted += code == 130
-        assert postgres_running(data_dir) == []
+        assert _postgres_gone(data_dir), postgres_running(data_dir)
     assert interrupted >= 1
+
+
+def _postgres_gone(data_dir: Path, within: float = 10.0) -> bool:
+    """No PostgreSQL process of ``data_dir`` left, allowing the ones the same
+    Ctrl-C reached (initdb's bootstrap backend, in the same process group)
+    the moment they take to exit after the command did; a server left
+    running stays past it."""
+    deadline = time.monotonic() + within
+    while postgres_running(data_dir):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 @pytest.mark.parametrize("renew", ["10", "5"])  # past the lease, and equal to it

@@ -120,7 +120,8 @@ async def test_cancelling_the_only_queued_turn_of_a_session_lets_the_next_one_ru
     client: GraphQLClient,
 ) -> None:
     sid = await client.create_session()
-    running = (await client.submit(sid, "a", "/sleep 800"))["turn"]["id"]
+    # Long enough that a loaded machine still cancels it before it ends.
+    running = (await client.submit(sid, "a", "/sleep 4000"))["turn"]["id"]
     queued = (await client.submit(sid, "b", "queued"))["turn"]["id"]
     await cancel(client, running, "stop-a")
     await cancel(client, queued, "stop-b")
@@ -209,9 +210,15 @@ async def test_keys_of_cancels_and_of_turns_share_one_namespace(client: GraphQLC
 async def _waiting_for_locks(db: Any, count: int) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
+        # Backends of this database waiting for a lock: the first to wait
+        # for a row waits on its holder's transaction id, a lock of no
+        # database in pg_locks, so counting those missed it. This runs in
+        # the transaction holding the lock, where pg_stat_activity keeps
+        # what it showed first unless the snapshot is cleared.
+        await db.execute("SELECT pg_stat_clear_snapshot()")
         waiting = await db.fetchval(
-            "SELECT count(*) FROM pg_locks WHERE NOT granted AND database = "
-            "(SELECT oid FROM pg_database WHERE datname = current_database())"
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
         )
         if waiting >= count:
             return
@@ -228,7 +235,9 @@ async def test_a_submission_that_waited_behind_a_cancel_for_its_new_key_takes_no
     is committed when its turn would go in, so it answers IdempotencyConflict
     and writes nothing, rather than recording a turn beside the cancel."""
     sid = await client.create_session()
-    blocker = (await client.submit(sid, "blocker", "/sleep 3000"))["turn"]["id"]
+    # Running until well after the cancel: a queued turn that ended before
+    # it would answer the cancel without waiting for the lock.
+    blocker = (await client.submit(sid, "blocker", "/sleep 15000"))["turn"]["id"]
     queued = (await client.submit(sid, "queued", "queued"))["turn"]["id"]
     holding = db.transaction()
     await holding.start()

@@ -5,7 +5,10 @@ against a real server and PostgreSQL, concurrent submissions included."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
+
+import orjson
 
 from tests.integration.test_cancel import ended, turn
 from tests.support import GraphQLClient
@@ -148,15 +151,49 @@ async def test_interrupt_cancels_what_runs_and_what_waits_then_runs_with_history
 
 
 async def test_interrupt_as_the_sessions_setting_and_concurrent_interrupts(
-    client: GraphQLClient,
+    client: GraphQLClient, db: Any
 ) -> None:
     sid = await session(client, "INTERRUPT")
     first = (await submit(client, sid, "a", "/sleep 2000"))["turn"]["id"]
     answers = await asyncio.gather(*(submit(client, sid, f"k{n}", f"n{n}") for n in range(5)))
     assert all(a["__typename"] == "TurnAccepted" for a in answers), answers
-    ends = [await ended(client, a["turn"]["id"]) for a in answers]
+    ends = {a["turn"]["id"]: await ended(client, a["turn"]["id"]) for a in answers}
     assert (await ended(client, first))["status"] == "CANCELLED"
-    # Each interrupts all before it: exactly the last one admitted completes.
-    completed = [t for t in ends if t["status"] == "COMPLETED"]
-    assert len(completed) == 1, [t["status"] for t in ends]
-    assert {t["status"] for t in ends} == {"COMPLETED", "CANCELLED"}
+    # The order of admission is the order of the turns' turn.started events.
+    rows = await db.fetch(
+        "SELECT seq, type, turn_id::text AS turn_id, data FROM events"
+        " WHERE session_id = $1::uuid ORDER BY seq",
+        sid,
+    )
+    started = [r["turn_id"] for r in rows if r["type"] == "turn.started"]
+    assert started[0] == first and set(started[1:]) == set(ends)
+    start_seq = {r["turn_id"]: r["seq"] for r in rows if r["type"] == "turn.started"}
+    end_types = {"turn.completed", "turn.cancelled", "turn.failed", "turn.interrupted"}
+    end_seq: dict[str, int] = {}
+    for r in rows:
+        if r["type"] in end_types:
+            assert r["turn_id"] not in end_seq, f"{r['turn_id']} ended twice"
+            end_seq[r["turn_id"]] = r["seq"]
+    # The last one admitted is interrupted by nobody: it completes.
+    last = started[-1]
+    assert ends[last]["status"] == "COMPLETED" and ends[last]["cancelRequested"] is False
+    # Each interrupts all before it. A turn still queued when a later one was
+    # admitted ends CANCELLED there and then; a running one is asked to stop,
+    # and that request and its own end race fairly (it may complete). Only a
+    # turn that had ended before the next admission has no cancel at all.
+    for earlier, later in itertools.pairwise(started):
+        events = [r for r in rows if r["turn_id"] == earlier]
+        types = [r["type"] for r in events]
+        if end_seq[earlier] < start_seq[later]:
+            assert "turn.cancel_requested" not in types, types
+            continue
+        t = ends.get(earlier) or await turn(client, earlier)
+        assert t["cancelRequested"] is True, t
+        interrupter = t["cancelReason"].removeprefix("interrupted by turn ").split(" ")[0]
+        assert start_seq[interrupter] > start_seq[earlier], t["cancelReason"]
+        if "turn.cancel_requested" not in types:
+            assert t["status"] == "CANCELLED", (t["status"], types)
+            cancelled = next(r for r in events if r["type"] == "turn.cancelled")
+            assert orjson.loads(cancelled["data"])["was"] == "QUEUED"
+        else:
+            assert t["status"] in {"CANCELLED", "COMPLETED"}, (t["status"], types)

@@ -516,7 +516,6 @@ async def test_a_sweep_cancelled_between_batches_resumes_to_the_same_record(
 async def test_a_batch_blanks_no_more_events_than_its_bound_and_a_longer_turn_goes_alone(
     database_url: str, db: Any
 ) -> None:
-    bound = 60
     # Each piece of a stream its own turn.delta event: flushed every 1 ms.
     async with retaining(
         database_url, key_retention="1h", turn_retention="1d", delta_flush_ms=1
@@ -533,6 +532,11 @@ async def test_a_batch_blanks_no_more_events_than_its_bound_and_a_longer_turn_go
         "FROM turns t ORDER BY t.completed_at"
     )
     sizes = [r["n"] for r in rows]
+    # The bound is the second-largest turn's events: the largest is above
+    # it and goes alone. A loaded machine writes some pieces of a stream
+    # together, so the sizes are what the record holds, not the inputs'.
+    *_, second, largest = sorted(sizes)
+    bound = second if second < largest else largest - 1
     assert max(sizes) > bound and sum(sizes) > 3 * bound, sizes
     # Oldest first, as many as fit the bound; a turn above it alone.
     expected: list[tuple[int, int]] = []
