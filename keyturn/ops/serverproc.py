@@ -12,15 +12,36 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 
 def free_port() -> int:
+    """A port free now; another process may take it before the server
+    binds it, which :func:`start_server` notices and survives."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def bound_socket() -> socket.socket:
+    """A socket bound to a free port of 127.0.0.1, for a server in this
+    process to listen on (``uvicorn.Server.serve(sockets=[...])``): the port
+    is held from the moment it is chosen, so no other process can take it."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+# How a server that lost its port to another process says so: ``keyturn
+# serve``'s own check before it starts, or uvicorn's bind after (a port taken
+# between the two).
+_PORT_TAKEN = ("is taken by another program", "address already in use")
+_PORT_ATTEMPTS = 5
 
 
 @dataclass
@@ -60,21 +81,52 @@ def start_server(
     name: str = "server",
     timeout: float = 60,
 ) -> ServerProcess:
-    """Start ``keyturn serve`` on a free port and wait for ``/healthz``.
+    """Start ``keyturn serve`` on a free port and wait for ``/healthz`` to
+    answer from it (not from another server that took the port meanwhile:
+    then it starts again on another port).
 
     The child sees none of this process's Keyturn settings, only ``env`` (and
     the database URL when one is given; without one it uses the embedded
     PostgreSQL under ``workdir``)."""
-    port = free_port()
     full_env = {
         k: v for k, v in os.environ.items() if not k.startswith("KEYTURN_") and k != "DATABASE_URL"
     }
     if database_url is not None:
         full_env["KEYTURN_DATABASE_URL"] = database_url
     full_env.update(env or {})
-    argv = [sys.executable, "-m", "keyturn", "serve", "--port", str(port)]
-    argv += ["--workers", str(workers)]
-    return start_process(argv, workdir, port=port, env=full_env, name=name, timeout=timeout)
+    for attempt in range(1, _PORT_ATTEMPTS + 1):
+        port = free_port()
+        argv = [sys.executable, "-m", "keyturn", "serve", "--port", str(port)]
+        argv += ["--workers", str(workers)]
+        try:
+            return start_process(
+                argv,
+                workdir,
+                port=port,
+                env=full_env,
+                name=name,
+                timeout=timeout,
+                answered_by=served_by,
+            )
+        except ServerFailed as failure:
+            if not any(said in str(failure) for said in _PORT_TAKEN) or attempt == _PORT_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+def served_by(body: bytes, proc: subprocess.Popen[bytes]) -> bool:
+    """Whether a ``/healthz`` answer comes from ``proc`` or one of its
+    workers: its owner id is ``host:pid:nonce``."""
+    try:
+        pid = int(str(json.loads(body)["owner"]).split(":")[-2])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False
+    if pid == proc.pid:
+        return True
+    try:
+        return bool(psutil.Process(pid).ppid() == proc.pid)
+    except psutil.Error:
+        return False
 
 
 def start_process(
@@ -87,9 +139,12 @@ def start_process(
     health_path: str = "/healthz",
     timeout: float = 60,
     cwd: Path | None = None,
+    answered_by: Callable[[bytes, subprocess.Popen[bytes]], bool] | None = None,
 ) -> ServerProcess:
     """Start ``argv``, a server that listens on 127.0.0.1:``port``, and wait
-    until ``health_path`` answers 200.
+    until ``health_path`` answers 200 (and, with ``answered_by``, until that
+    says the answer came from the child: a 200 from another process holding
+    the port is not the child being up).
 
     The child gets exactly ``env``; its output goes to a log under ``workdir``,
     which is also where it runs unless ``cwd`` says otherwise."""
@@ -107,7 +162,8 @@ def start_process(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise ServerFailed(f"server exited early:\n{server.log()}")
-        if _answer(server, health_path) is not None:
+        body = _answer(server, health_path)
+        if body is not None and (answered_by is None or answered_by(body, proc)):
             return server
         time.sleep(0.1)
     server.stop()

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyturn.ops.serverproc import free_port, start_process
+from keyturn.ops.serverproc import free_port, served_by, start_process
 from tests.acceptance.clirun import clean_env, keyturn, one_clean_line
 from tests.support import ROOT, start_server_process, stop_process
 
@@ -131,6 +131,7 @@ def test_wildcard_bind_banner_and_one_access_line_per_request(
             KEYTURN_LOG_FORMAT="json",
             KEYTURN_LOG_LEVEL="info",
         ),
+        answered_by=served_by,
     )
     try:
         for i in range(3):

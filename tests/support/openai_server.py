@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from keyturn.ops.serverproc import free_port
+from keyturn.ops.serverproc import bound_socket
 
 
 @dataclass(frozen=True)
@@ -168,13 +168,14 @@ def _app(state: ModelServer) -> Starlette:
 @contextlib.asynccontextmanager
 async def serve_model(models: Sequence[str] = ("test-model",)) -> AsyncIterator[ModelServer]:
     """The server under uvicorn on a free port, on the test's own loop."""
-    port = free_port()
+    sock = bound_socket()
+    port = int(sock.getsockname()[1])
     state = ModelServer(url=f"http://127.0.0.1:{port}", models=list(models))
     config = uvicorn.Config(
         _app(state), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
     )
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():
             task.result()
@@ -186,3 +187,4 @@ async def serve_model(models: Sequence[str] = ("test-model",)) -> AsyncIterator[
         # A stalled stream must not hold the shutdown.
         server.force_exit = True
         await asyncio.wait_for(task, 30)
+        sock.close()

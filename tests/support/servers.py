@@ -14,7 +14,7 @@ import uvicorn
 from starlette.routing import Route
 
 from keyturn.http.app import KeyturnGraphQL, create_app
-from keyturn.ops.serverproc import ServerProcess, free_port, start_server
+from keyturn.ops.serverproc import ServerProcess, bound_socket, start_server
 from keyturn.settings import Settings
 
 
@@ -60,7 +60,8 @@ class InProcessServer:
 async def serve_in_process(
     database_url: str, settings: Settings | None = None
 ) -> AsyncIterator[InProcessServer]:
-    port = free_port()
+    sock = bound_socket()
+    port = int(sock.getsockname()[1])
     settings = settings or fast_settings()
     app = create_app(settings, database_url=database_url)
     config = uvicorn.Config(
@@ -72,7 +73,7 @@ async def serve_in_process(
         ws_max_size=settings.max_body_bytes,  # as `keyturn serve` sets it
     )
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():
             task.result()
@@ -82,6 +83,7 @@ async def serve_in_process(
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 30)
+        sock.close()
 
 
 # Short leases and polls for servers started as processes in tests.
