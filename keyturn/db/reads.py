@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, cast
 
 from keyturn.db.engine import Conn
 from keyturn.db.records import (
@@ -64,6 +63,22 @@ _EVENTS_BEFORE = Statement(
 _RAW_EVENT_COLUMNS = ", ".join(
     "CAST(data AS text) AS data" if name == "data" else name for name in _EVENT_COLUMNS.split(", ")
 )
+# The rows of a UNION name each column's type in its first branch: a NULL
+# there is cast to the type the other branch gives (a column added to the
+# table and not named here fails at import).
+_RAW_EVENT_TYPES = {
+    "id": "bigint",
+    "session_id": "uuid",
+    "turn_id": "uuid",
+    "seq": "bigint",
+    "type": "text",
+    "data": "text",
+    "created_at": "timestamptz",
+}
+_NULL_EVENT = ", ".join(
+    f"CAST(NULL AS {_RAW_EVENT_TYPES[name]}) AS {name}" for name in _EVENT_COLUMNS.split(", ")
+)
+_NULL_SESSION = ", ".join("NULL" for _ in _SESSION_COLUMNS.split(", "))
 _RAW_EVENTS_AFTER = Statement(
     f"SELECT {_RAW_EVENT_COLUMNS} FROM events WHERE session_id = :session_id AND seq > :after "
     "ORDER BY seq LIMIT :limit"
@@ -71,6 +86,16 @@ _RAW_EVENTS_AFTER = Statement(
 _RAW_EVENTS_BEFORE = Statement(
     f"SELECT {_RAW_EVENT_COLUMNS} FROM events WHERE session_id = :session_id AND seq < :before "
     "ORDER BY seq DESC LIMIT :limit"
+)
+# A session and the first page of its events after a seq, in one round trip
+# (a page read otherwise costs two: the session under its tenant, then its
+# events): the session's row (its columns prefixed, the event's NULL), then
+# one row per event (the session's columns NULL, not repeated on each).
+_SESSION_WITH_EVENTS = Statement(
+    f"WITH s AS (SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = :id AND tenant = :tenant) "
+    f"(SELECT {columns(Session, alias='s', prefix='s_')}, {_NULL_EVENT} FROM s) UNION ALL "
+    f"(SELECT {_NULL_SESSION}, {_RAW_EVENT_COLUMNS} FROM events "
+    "WHERE session_id = (SELECT id FROM s) AND seq > :after ORDER BY seq LIMIT :limit)"
 )
 _EVENT = Statement(
     f"SELECT {columns(Event, alias='e')} FROM events e JOIN sessions s ON s.id = e.session_id "
@@ -171,6 +196,24 @@ async def session(conn: Conn, *, tenant: str, session_id: uuid.UUID) -> SessionR
     return session_from(row) if row is not None else None
 
 
+async def session_with_events(
+    conn: Conn, *, tenant: str, session_id: uuid.UUID, after: int, limit: int
+) -> tuple[SessionRecord | None, list[EventRecord]]:
+    """The session (None if the tenant has none of that id) and at most
+    ``limit`` of its events after seq ``after``, read at one snapshot, their
+    data as :func:`events_after` reads it with ``raw_data``."""
+    rows = await _SESSION_WITH_EVENTS.fetch(
+        conn, id=session_id, tenant=tenant, after=after, limit=limit
+    )
+    if not rows:
+        return None, []
+    if rows[0]["s_id"] is None:
+        # PostgreSQL appends a UNION ALL's branches in order; SQL does not
+        # promise it. A stable sort keeps the events in theirs.
+        rows = sorted(rows, key=lambda r: r["s_id"] is None)
+    return session_from(rows[0], prefix="s_"), [_raw_event(r) for r in rows[1:]]
+
+
 async def sessions_after(
     conn: Conn, *, tenant: str, after: tuple[datetime, uuid.UUID] | None, limit: int
 ) -> list[SessionRecord]:
@@ -230,16 +273,15 @@ class RawJSON:
 
 
 def _raw_event(row: Row) -> EventRecord:
-    # Read by the answer's encoder only. The cast's type is a string: a
-    # subscripted dict[...] would be built anew for every row.
-    data = cast("dict[str, Any]", RawJSON(row["data"]))
+    # The data is read by the answer's encoder only. Not typing.cast: a call
+    # per event, where a page has a hundred.
     return EventRecord(
         row["id"],
         row["session_id"],
         row["turn_id"],
         row["seq"],
         row["type"],
-        data,
+        RawJSON(row["data"]),  # type: ignore[arg-type]
         row["created_at"],
     )
 

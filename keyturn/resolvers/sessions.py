@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
 from keyturn.domain import History, Multitask
@@ -10,6 +11,7 @@ from keyturn.errors import InvalidArgument
 from keyturn.resolvers.context import Context, EventPageKey, TurnPageKey
 from keyturn.resolvers.pagination import (
     Page,
+    SeqWindow,
     check_first,
     decode_session_cursor,
     seq_cursor,
@@ -46,6 +48,46 @@ async def get_session(ctx: Context, *, session_id: str) -> SessionRecord | None:
     if sid is None:
         return None
     return await ctx.runtime.reads.session(sid, tenant=ctx.tenant)
+
+
+@dataclass(frozen=True, slots=True)
+class EventsRead:
+    """A page of a session's events read with the session itself, for its
+    ``events`` field to answer without a read of its own."""
+
+    key: EventPageKey
+    rows: list[EventRecord]
+
+
+async def get_session_with_events(
+    ctx: Context,
+    *,
+    session_id: str,
+    first: int | None = None,
+    after: str | None = None,
+    last: int | None = None,
+    before: str | None = None,
+) -> tuple[SessionRecord | None, EventsRead | None]:
+    """:func:`get_session`, and the page of its events that ``events(first,
+    after, last, before)`` on it asks for, in one round trip when that is a
+    forward page. A window that is not, or is not valid, is left to the
+    field (which reads, or answers the mistake, on its own)."""
+    sid = parse_id(session_id)
+    if sid is None:
+        return None, None
+    try:
+        window = seq_window(
+            "event", first=first, after=after, last=last, before=before, default=100
+        )
+    except InvalidArgument:
+        window = None
+    if window is None or window.backward:
+        return await ctx.runtime.reads.session(sid, tenant=ctx.tenant), None
+    key = _event_page_key(sid, window)
+    found, rows = await ctx.runtime.reads.session_with_events(
+        sid, tenant=ctx.tenant, after=key.cursor, limit=key.limit
+    )
+    return found, EventsRead(key, rows) if found is not None else None
 
 
 async def list_sessions(
@@ -118,15 +160,18 @@ async def session_events(
     after: str | None,
     last: int | None = None,
     before: str | None = None,
+    read: EventsRead | None = None,
 ) -> Page[EventRecord]:
     window = seq_window("event", first=first, after=after, last=last, before=before, default=100)
-    # Through the request's loader: a page of sessions reads all their events at once.
+    key = _event_page_key(session_id, window)
+    # Read with the session (get_session_with_events), or through the
+    # request's loader: a page of sessions reads all their events at once.
     # seq is gapless, so the session's counter is its number of events.
-    if window.backward:
-        key = EventPageKey(
-            session_id, True, _END if window.cursor is None else window.cursor, window.limit + 1
-        )
+    if read is not None and read.key == key:
+        rows = read.rows
+    else:
         rows = await ctx.loaders.session_events.load(key)
+    if window.backward:
         items = rows[: window.limit][::-1]
         return Page(
             items,
@@ -135,8 +180,6 @@ async def session_events(
             total=event_count,
             has_previous=len(rows) > window.limit,
         )
-    key = EventPageKey(session_id, False, window.cursor or 0, window.limit + 1)
-    rows = await ctx.loaders.session_events.load(key)
     items = rows[: window.limit]
     return Page(
         items,
@@ -145,6 +188,14 @@ async def session_events(
         total=event_count,
         has_previous=bool(window.cursor),
     )
+
+
+def _event_page_key(session_id: uuid.UUID, window: SeqWindow) -> EventPageKey:
+    # One more row than the page holds: whether there is more.
+    if window.backward:
+        before = _END if window.cursor is None else window.cursor
+        return EventPageKey(session_id, True, before, window.limit + 1)
+    return EventPageKey(session_id, False, window.cursor or 0, window.limit + 1)
 
 
 def check_after_seq(after_seq: int) -> int:

@@ -23,6 +23,16 @@ class Reads:
         async with connect(self.engine) as conn:
             return await reads.session(conn, tenant=tenant, session_id=session_id)
 
+    async def session_with_events(
+        self, session_id: uuid.UUID, *, tenant: str, after: int, limit: int
+    ) -> tuple[SessionRecord | None, list[EventRecord]]:
+        """:meth:`session` and :meth:`events` in one statement: a page read
+        that asks for both makes one round trip, not two."""
+        async with connect(self.engine) as conn:
+            return await reads.session_with_events(
+                conn, tenant=tenant, session_id=session_id, after=after, limit=limit
+            )
+
     async def sessions(
         self,
         *,

@@ -6,13 +6,15 @@ from collections.abc import Iterable
 from typing import Any
 
 import strawberry
+from graphql import FieldNode, GraphQLError, GraphQLObjectType, get_named_type
+from graphql.execution.values import VariableValues, get_argument_values
 from strawberry.types.nodes import SelectedField
 
 from keyturn.resolvers.context import Context
 
 Info = strawberry.Info[Context, None]
 
-__all__ = ["Context", "Info", "selects"]
+__all__ = ["Context", "Info", "child_arguments", "selects"]
 
 
 def selects(info: Info, name: str) -> bool:
@@ -29,3 +31,33 @@ def selects(info: Info, name: str) -> bool:
         return False
 
     return any(among(field.selections) for field in info.selected_fields)
+
+
+def child_arguments(info: Info, name: str) -> dict[str, Any] | None:
+    """The arguments the field ``name`` of this field's value will be given,
+    for a resolver that can read what that field needs along with its own
+    value: when the document selects ``name`` exactly once, directly (not
+    in a fragment) and with no directive. None otherwise, or when it is not
+    known yet (the field may then read on its own, as it always can)."""
+    raw = info._raw_info
+    if len(raw.field_nodes) != 1 or raw.field_nodes[0].selection_set is None:
+        return None
+    found: FieldNode | None = None
+    for selection in raw.field_nodes[0].selection_set.selections:
+        if isinstance(selection, FieldNode) and selection.name.value == name:
+            if found is not None or selection.directives:
+                return None
+            found = selection
+    owner = get_named_type(raw.return_type)
+    if found is None or not isinstance(owner, GraphQLObjectType):
+        return None
+    try:
+        # Strawberry's executor gives the info the coerced values alone (a
+        # dict, where graphql-core's type says VariableValues): all that
+        # coercing an argument reads of them.
+        given: Any = raw.variable_values
+        coerced = given.coerced if isinstance(given, VariableValues) else given
+        variables = VariableValues(sources={}, coerced=coerced)
+        return get_argument_values(owner.fields[name], found, variables)
+    except (GraphQLError, KeyError):
+        return None

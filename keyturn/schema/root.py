@@ -29,7 +29,7 @@ from keyturn.schema.approval import (
     from_decision,
 )
 from keyturn.schema.cancel import CancelTurnInput, CancelTurnResult, from_cancel
-from keyturn.schema.context import Info, selects
+from keyturn.schema.context import Info, child_arguments, selects
 from keyturn.schema.deletion import DeleteSessionInput, DeleteSessionResult, from_deletion
 from keyturn.schema.enums import History, Multitask
 from keyturn.schema.errors import answers_invalid_input
@@ -44,13 +44,23 @@ from keyturn.schema.results import SubmitTurnResult, from_admission
 from keyturn.schema.tools import ToolInfo
 from keyturn.schema.types import Event, Node, Session, SessionConnection, Turn, node_from_record
 
+# The arguments of Session.events that say which page it is.
+_EVENT_WINDOW = frozenset({"first", "after", "last", "before"})
+
 
 @strawberry.type
 class Query:
     @strawberry.field
     async def session(self, info: Info, id: strawberry.ID) -> Session | None:
-        found = await sessions.get_session(info.context, session_id=id)
-        return Session.from_record(found) if found is not None else None
+        page = child_arguments(info, "events")
+        # Only a window is read ahead: an argument that chose other events
+        # would not be part of the page the read is kept under.
+        if page is None or not page.keys() <= _EVENT_WINDOW:
+            found = await sessions.get_session(info.context, session_id=id)
+            return Session.from_record(found) if found is not None else None
+        # The session and the page of events selected on it, in one read.
+        found, read = await sessions.get_session_with_events(info.context, session_id=id, **page)
+        return Session.from_record(found, events=read) if found is not None else None
 
     @strawberry.field
     async def sessions(

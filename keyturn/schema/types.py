@@ -15,6 +15,7 @@ from keyturn.domain import EventType
 from keyturn.resolvers import sessions as session_resolvers
 from keyturn.resolvers import turns as turn_resolvers
 from keyturn.resolvers.pagination import MAX_FIRST, MAX_UNPAGED_TURN_EVENTS, Page
+from keyturn.resolvers.sessions import EventsRead
 from keyturn.schema.budget import large
 from keyturn.schema.context import Info
 from keyturn.schema.enums import History, Multitask, TurnStatus
@@ -232,9 +233,11 @@ class Session(Node):
     )
     event_count: int = strawberry.field(description="Events saved for this session so far.")
     _id: strawberry.Private[uuid.UUID]
+    # A page of events read with the session, for its events field.
+    _events: strawberry.Private[EventsRead | None] = None
 
     @classmethod
-    def from_record(cls, s: SessionRecord) -> Session:
+    def from_record(cls, s: SessionRecord, *, events: EventsRead | None = None) -> Session:
         return cls(
             id=strawberry.ID(str(s.id)),
             created_at=s.created_at,
@@ -242,6 +245,7 @@ class Session(Node):
             multitask=s.multitask,
             event_count=s.event_seq,
             _id=s.id,
+            _events=events,
         )
 
     @strawberry.field(  # type: ignore[untyped-decorator]
@@ -281,6 +285,7 @@ class Session(Node):
             after=after,
             last=last,
             before=before,
+            read=self._events,
         )
         return EventConnection.from_page(page)
 

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import uuid
 from typing import Any
 
+import pytest
+
+from keyturn.db import reads
 from tests.support import GraphQLClient, admin
 
 
@@ -89,6 +94,75 @@ async def test_events_page_with_opaque_cursors(client: GraphQLClient) -> None:
         assert after == conn["edges"][-1]["cursor"]
     assert collected == list(range(1, 21))
     assert pages == 5
+
+
+def _cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"event:{seq}".encode()).decode().rstrip("=")
+
+
+PAGE = """totalCount pageInfo { hasNextPage hasPreviousPage startCursor endCursor }
+    edges { cursor node { id seq type turnId sessionId data } }"""
+
+
+async def test_a_page_read_with_its_session_answers_as_one_read_on_its_own(
+    client: GraphQLClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``session(id:) { events(…) }`` reads the session and its page in one
+    statement; in a fragment the page is read on its own, after the session.
+    Both answer the same, for every window, valid or not."""
+    sid = await client.create_session()
+    for n in range(5):
+        r = await client.submit(sid, f"k{n}", "x")
+        await client.wait_for_status(r["turn"]["id"], {"COMPLETED"})
+    together: list[str] = []
+    real = reads.session_with_events
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        together.append(kwargs["session_id"])
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(reads, "session_with_events", counted)
+    windows = [
+        "",
+        "first: 4",
+        f'first: 4, after: "{_cursor(8)}"',
+        "first: 0",
+        f'first: 100, after: "{_cursor(20)}"',
+        f'after: "{_cursor(999)}"',
+        "last: 3",
+        f'last: 3, before: "{_cursor(10)}"',
+        'after: "garbage!"',
+        "first: 101",
+        "first: -1",
+        "first: 2, last: 2",
+    ]
+    for window in windows:
+        args = f"({window})" if window else ""
+        direct = await client.raw(
+            f"query($id: ID!) {{ session(id: $id) {{ eventCount events{args} {{ {PAGE} }} }} }}",
+            {"id": sid},
+        )
+        apart = await client.raw(
+            f"query($id: ID!) {{ session(id: $id) {{ eventCount "
+            f"... on Session {{ events{args} {{ {PAGE} }} }} }} }}",
+            {"id": sid},
+        )
+        # The same, but where in its document each error's field stands.
+        for body in (direct, apart):
+            for error in body.get("errors", []):
+                error.pop("locations")
+        assert direct == apart, window
+    # Forward windows (the valid ones) were read with the session; the rest on their own.
+    assert len(together) == 6
+    # With variables too, and for a session that is not there.
+    query = f"""query($id: ID!, $first: Int, $after: String) {{ session(id: $id) {{
+        events(first: $first, after: $after) {{ {PAGE} }} }} }}"""
+    page = await client.execute(query, {"id": sid, "first": 3, "after": _cursor(17)})
+    assert [e["node"]["seq"] for e in page["session"]["events"]["edges"]] == [18, 19, 20]
+    assert not page["session"]["events"]["pageInfo"]["hasNextPage"]
+    gone = await client.execute(query, {"id": str(uuid.uuid4()), "first": 3, "after": None})
+    assert gone == {"session": None}
+    assert len(together) == 8
 
 
 async def test_first_over_100_is_an_error_not_a_clamp(client: GraphQLClient) -> None:

@@ -72,6 +72,24 @@ async def record(db: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("after", [0, 1000, 1900])
+async def test_a_session_read_with_its_page_of_events_reads_both_by_index(
+    db: Any, record: dict[str, Any], after: int
+) -> None:
+    nodes = await _plan(
+        db,
+        reads._SESSION_WITH_EVENTS,
+        id=record["long"],
+        tenant="",
+        after=after,
+        limit=101,
+    )
+    _no_seq_scan(nodes)
+    assert ("Index Scan", "events", "uq_events_session_id_seq") in _scans(nodes)
+    assert ("Index Scan", "sessions", "pk_sessions") in _scans(nodes)
+    assert not [n for n in nodes if n["Node Type"] == "Sort"], "the page sorts what it read"
+
+
+@pytest.mark.parametrize("after", [0, 1000, 1900])
 async def test_a_page_of_events_is_a_range_of_the_session_seq_index(
     db: Any, record: dict[str, Any], after: int
 ) -> None:
