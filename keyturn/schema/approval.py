@@ -16,6 +16,7 @@ from keyturn.runtime.approval import (
     ToolCallDecision,
 )
 from keyturn.schema.budget import large
+from keyturn.schema.conversion import converted_once
 from keyturn.schema.enums import ErrorCode, ToolKind
 from keyturn.schema.resolution import TurnNotFound
 from keyturn.schema.results import IdempotencyConflict, InvalidInput, UserError
@@ -28,6 +29,7 @@ strawberry.enum(
 )
 
 
+@converted_once
 @strawberry.input
 class DecideToolCallInput:
     turn_id: strawberry.ID

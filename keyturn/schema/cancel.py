@@ -7,12 +7,14 @@ from typing import Annotated, Any
 import strawberry
 
 from keyturn.runtime.cancel import CancelOutcome, CancelResult
+from keyturn.schema.conversion import converted_once
 from keyturn.schema.enums import ErrorCode
 from keyturn.schema.resolution import TurnNotFound
 from keyturn.schema.results import IdempotencyConflict, InvalidInput, UserError
 from keyturn.schema.types import Turn
 
 
+@converted_once
 @strawberry.input
 class CancelTurnInput:
     turn_id: strawberry.ID

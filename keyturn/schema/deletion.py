@@ -7,10 +7,12 @@ from typing import Annotated
 import strawberry
 
 from keyturn.runtime.deletion import DeletionOutcome, DeletionResult
+from keyturn.schema.conversion import converted_once
 from keyturn.schema.enums import ErrorCode
 from keyturn.schema.results import InvalidInput, SessionBusy, SessionNotFound, UserError
 
 
+@converted_once
 @strawberry.input
 class DeleteSessionInput:
     session_id: strawberry.ID

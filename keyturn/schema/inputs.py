@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import strawberry
 
+from keyturn.schema.conversion import converted_once
 from keyturn.schema.enums import History, Multitask
 
 
+@converted_once
 @strawberry.input
 class CreateSessionInput:
     default_history: History | None = History.FULL
@@ -17,6 +19,7 @@ class CreateSessionInput:
     )
 
 
+@converted_once
 @strawberry.input
 class SubmitTurnInput:
     session_id: strawberry.ID

@@ -8,11 +8,13 @@ from typing import Annotated, Any
 import strawberry
 
 from keyturn.runtime.resolution import ResolutionOutcome, ResolutionResult
+from keyturn.schema.conversion import converted_once
 from keyturn.schema.enums import ErrorCode, ResolutionAction
 from keyturn.schema.results import IdempotencyConflict, InvalidInput, UserError
 from keyturn.schema.types import Turn
 
 
+@converted_once
 @strawberry.input
 class ResolveInterruptedTurnInput:
     turn_id: strawberry.ID
