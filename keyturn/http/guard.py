@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keyturn.errors import DatabaseUnavailable
 from keyturn.http import memory
+from keyturn.http.body import replaying
 from keyturn.http.media import is_ide_request, query_params, response_media_type
 from keyturn.runtime.auth import Authenticator
 
@@ -213,18 +214,7 @@ class Guard:
             return
         scope.setdefault("state", {})["tenant"] = tenant
 
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if sent:
-                # After the body: a streamed answer (a subscription over
-                # multipart/mixed) waits here to learn that the client left.
-                return await receive()
-            sent = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(bytes(body), receive), send)
 
 
 def websocket_closed(state: dict[str, Any], scope: Scope) -> None:
