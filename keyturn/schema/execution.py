@@ -6,8 +6,9 @@ resolver calls, resolve infos and completions, most of a page request's time.
 When every field the document selects on a list's items is a plain attribute
 (no resolver, no arguments; a leaf, ``__typename``, or a plain object of the
 same kind), :class:`FastLists` builds each item's answer straight from its
-attributes, once the selection has been collected for the whole list. Only
-what the document selects is read.
+attributes with a plan compiled once for that selection
+(keyturn.schema.plans) and kept across operations. Only what the document
+selects is read.
 
 Anything else takes graphql-core's own path, and so does any list where one
 item would not complete cleanly (a null in a non-null field, a value its
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -42,20 +43,31 @@ from graphql import (
     is_object_type,
 )
 from graphql.execution.collect_fields import FieldDetailsList, collect_fields
-from graphql.language import OperationDefinitionNode
-from graphql.pyutils import AwaitableOrValue, Path, Undefined
+from graphql.execution.middleware import MiddlewareManager
+from graphql.language import (
+    FieldNode,
+    FragmentSpreadNode,
+    InlineFragmentNode,
+    OperationDefinitionNode,
+    SelectionSetNode,
+)
+from graphql.pyutils import AwaitableOrValue, Path
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.schema.schema_converter import GraphQLCoreConverter
 
 from keyturn.schema.budget import Budget, CountsTowardResponse
 from keyturn.schema.budget import running as current_budget
-
-Build = Callable[[Any], dict[str, Any]]
-
-
-class _Unfit(Exception):
-    """This list is not one the fast path completes exactly as graphql-core would."""
-
+from keyturn.schema.operations import Run, compile_operation
+from keyturn.schema.plans import (
+    PLANS,
+    Build,
+    Field,
+    Plans,
+    Shape,
+    Unfit,
+    compile_shape,
+    no_charge,
+)
 
 _NO_PLAN = object()
 
@@ -151,6 +163,48 @@ class _Deliveries:
 DELIVERIES = _Deliveries()
 
 
+class Replay:
+    """The middleware of graphql-core's run of a query whose plan gave up:
+    a resolver the plan already called answers what it answered then (its
+    value, or its exception raised again), by its path; any other resolver
+    is called."""
+
+    __slots__ = ("_by_path",)
+
+    def __init__(self, outcomes: list[tuple[Path, bool, Any]]) -> None:
+        self._by_path = {tuple(path.as_list()): (ok, value) for path, ok, value in outcomes}
+
+    def resolve(self, next_: Any, root: Any, info: GraphQLResolveInfo[Any], **args: Any) -> Any:
+        found = self._by_path.get(tuple(info.path.as_list()))
+        if found is None:
+            return next_(root, info, **args)
+        ok, value = found
+        if ok:
+            return value
+        raise value
+
+
+def _nothing() -> None:
+    pass
+
+
+class _Planned:
+    """Queries answered by their compiled plan, and plans that gave up to
+    graphql-core (which then executed the query, given what the resolvers
+    the plan had called gave: Replay)."""
+
+    __slots__ = ("answered", "gave_up")
+
+    def __init__(self) -> None:
+        self.answered = 0
+        self.gave_up = 0
+
+
+PLANNED = _Planned()
+# Compiled queries, by the schema and the operation's node.
+OPERATIONS = Plans(limit=1024)
+
+
 def _frozen(value: Any) -> Hashable:
     """A hashable form of coerced variable values; TypeError when one is not.
     Types are kept: 1, 1.0 and True are equal, but not the same answer."""
@@ -194,6 +248,7 @@ class FastLists(StrawberryGraphQLCoreExecutionContext):
         "middleware_manager",
         "operation",
         "operation_extensions",
+        "outcomes",
         "pending_incremental_futures",
         "root_value",
         "schema",
@@ -206,12 +261,18 @@ class FastLists(StrawberryGraphQLCoreExecutionContext):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._plans: dict[tuple[int, int], tuple[FieldDetailsList, Any]] = {}
+        # What the resolvers a query's plan called gave, by their paths.
+        self.outcomes: list[tuple[Path, bool, Any]] = []
+        self._plans: dict[tuple[str, int, int], tuple[FieldDetailsList, Any]] = {}
 
     def execute_operation(
         self, serially: bool | None = None
     ) -> AwaitableOrValue[ExecutionResult | ExperimentalIncrementalExecutionResults]:
-        if self.operation.operation is not OperationType.SUBSCRIPTION:
+        kind = self.operation.operation
+        if kind is not OperationType.SUBSCRIPTION:
+            run = self._operation_plan()
+            if run is not None:
+                return self._planned(run, serially)
             return super().execute_operation(serially)
         # A subscription's event: keyturn's (Turn, Event) are built from
         # their record alone (from_record), and keep it as ``_record``.
@@ -249,6 +310,63 @@ class FastLists(StrawberryGraphQLCoreExecutionContext):
         DELIVERIES.keep(key, _Answer(record, self.operation, shared, time.monotonic()))
         return result
 
+    def _operation_plan(self) -> Run | None:
+        """This query's or mutation's compiled plan (keyturn.schema.operations),
+        kept with its operation; None where graphql-core runs it: a directive
+        anywhere (the variables would decide what is selected), an abort
+        signal, anything wrapping the resolvers, or a mutation of more than
+        one root field (run one after another, which a plan does not do)."""
+        manager = self.middleware_manager
+        if (manager is not None and manager.middlewares) or self.hooks is not None:
+            return None
+        if self.abort_signal is not None or self.operation.directives:
+            return None
+        held = (self.schema, self.operation)
+        found, run = OPERATIONS.get(held)
+        if found:
+            return cast(Run | None, run)
+        run = None if self._directed(self.operation.selection_set) else compile_operation(self)
+        OPERATIONS.keep(held, run)
+        return run
+
+    def _planned(
+        self, run: Run, serially: bool | None
+    ) -> AwaitableOrValue[ExecutionResult | ExperimentalIncrementalExecutionResults]:
+        """``run``'s answer, or, where it gave up, graphql-core's: given what
+        the resolvers the plan called gave (Replay), with the response budget
+        as it was before the plan spent any."""
+        charge, undo = self._charging()
+
+        def again() -> AwaitableOrValue[ExecutionResult | ExperimentalIncrementalExecutionResults]:
+            # The large fields are plain attributes, charged by the plan or
+            # by their own extension, never by a resolver the plan called:
+            # graphql-core charges each of them again from the start.
+            undo()
+            PLANNED.gave_up += 1
+            self.middleware_manager = MiddlewareManager(Replay(self.outcomes))
+            return super(FastLists, self).execute_operation(serially)
+
+        try:
+            data = run(self, charge)
+        except Unfit:
+            return again()
+        if not self.is_awaitable(data):
+            PLANNED.answered += 1
+            return self.build_response(cast(dict[str, Any], data))
+
+        async def finished() -> ExecutionResult | ExperimentalIncrementalExecutionResults:
+            try:
+                done = await cast(Awaitable[dict[str, Any]], data)
+            except Unfit:
+                result = again()
+                if self.is_awaitable(result):
+                    return await cast(Awaitable[ExecutionResult], result)
+                return cast(ExecutionResult, result)
+            PLANNED.answered += 1
+            return self.build_response(done)
+
+        return finished()
+
     def _answers_from_event_alone(self) -> bool:
         """Whether this subscription's answer to an event depends on the
         event alone: below the subscription field every field selected is a
@@ -284,9 +402,38 @@ class FastLists(StrawberryGraphQLCoreExecutionContext):
             inner = field_type.of_type if isinstance(field_type, GraphQLNonNull) else field_type
             try:
                 self._object_plan(inner, details)
-            except _Unfit:
+            except Unfit:
                 return False
         return True
+
+    def complete_object_value(
+        self,
+        return_type: GraphQLObjectType,
+        field_details_list: FieldDetailsList,
+        info: GraphQLResolveInfo[Any],
+        path: Path,
+        result: Any,
+        position_context: Any,
+    ) -> AwaitableOrValue[dict[str, Any]]:
+        # An object whose whole selection is plain, reached on graphql-core's
+        # path (a mutation's answer, a subscription's event, a query its plan
+        # left to graphql-core): built by its compiled plan, or, where that
+        # gives up, by graphql-core from the same value.
+        build = self._kept(
+            "object",
+            return_type,
+            field_details_list,
+            lambda: self._compiled(return_type, field_details_list),
+        )
+        if build is not None:
+            charge, undo = self._charging()
+            try:
+                return build(result, charge)
+            except Unfit:
+                undo()  # graphql-core's path charges the large fields again
+        return super().complete_object_value(
+            return_type, field_details_list, info, path, result, position_context
+        )
 
     def complete_iterable_value(
         self,
@@ -298,131 +445,144 @@ class FastLists(StrawberryGraphQLCoreExecutionContext):
         position_context: Any,
     ) -> Any:
         if isinstance(items, list):
-            plan = self._plan_for(item_type, field_details_list)
+            plan = self._kept(
+                "list",
+                item_type,
+                field_details_list,
+                lambda: self._item_plan(item_type, field_details_list),
+            )
             if plan is not None:
-                spending = self._budget()
-                charged = spending.spent if spending is not None else 0
+                charge, undo = self._charging()
                 try:
-                    return [plan(item) for item in items]
-                except _Unfit:
-                    # graphql-core's path charges the large fields again.
-                    if spending is not None:
-                        spending.spent = charged
+                    return [plan(item, charge) for item in items]
+                except Unfit:
+                    undo()  # graphql-core's path charges the large fields again
         return super().complete_iterable_value(
             item_type, field_details_list, info, path, items, position_context
         )
 
-    def _plan_for(self, item_type: GraphQLOutputType, details: FieldDetailsList) -> Build | None:
-        # The same list field of every item of an outer list shares its
-        # field_details_list: one plan for all (graphql-core memoizes the same way).
-        key = (id(item_type), id(details))
+    def _kept(
+        self,
+        kind: str,
+        of: GraphQLOutputType,
+        details: FieldDetailsList,
+        make: Callable[[], Build | None],
+    ) -> Build | None:
+        """The plan for a list's items or an object (``kind``) of type ``of``
+        selected by ``details``, made once per operation: the same field of
+        every item of an outer list shares its field_details_list, so one
+        plan serves them all (graphql-core memoizes the same way)."""
+        key = (kind, id(of), id(details))
         cached = self._plans.get(key)
-        if cached is not None:
-            return None if cached[1] is _NO_PLAN else cached[1]
+        if cached is None:
+            plan = make()
+            cached = self._plans[key] = (details, _NO_PLAN if plan is None else plan)
+        return None if cached[1] is _NO_PLAN else cast(Build, cached[1])
+
+    def _item_plan(self, item_type: GraphQLOutputType, details: FieldDetailsList) -> Build | None:
         # A directive on the list field itself may be @stream: graphql-core's.
         if not isinstance(item_type, GraphQLNonNull) or any(d.node.directives for d in details):
-            plan: Any = None
-        else:
-            try:
-                plan = self._object_plan(item_type.of_type, details)
-            except _Unfit:
-                plan = None
-        self._plans[key] = (details, _NO_PLAN if plan is None else plan)
-        return cast(Build | None, plan)
+            return None
+        return self._compiled(item_type.of_type, details)
 
-    def _object_plan(self, return_type: GraphQLOutputType, details: FieldDetailsList) -> Build:
+    def _compiled(self, return_type: GraphQLOutputType, details: FieldDetailsList) -> Build | None:
+        """The plan for ``return_type`` selected by ``details``, or None: kept
+        across operations unless a directive beneath makes it the variables'."""
+        held = (self.schema, return_type, *(d.node for d in details))
+        # Only what could be kept is ever found: the walk for directives
+        # is made once per selection, not per operation.
+        found, plan = PLANS.get(held)
+        if found:
+            return cast(Build | None, plan)
+        cacheable = not any(self._directed(d.node.selection_set) for d in details)
+        built: Build | None
+        try:
+            built = compile_shape(self._object_plan(return_type, details))
+        except Unfit:
+            built = None
+        if cacheable:
+            PLANS.keep(held, built)
+        return built
+
+    def _directed(
+        self, selections: SelectionSetNode | None, seen: frozenset[str] = frozenset()
+    ) -> bool:
+        """Whether a directive appears anywhere in ``selections`` (fragments
+        followed): what is selected may then depend on the variables."""
+        if selections is None:
+            return False
+        for node in selections.selections:
+            if node.directives:
+                return True
+            if isinstance(node, FragmentSpreadNode):
+                name = node.name.value
+                fragment = self.fragment_definitions.get(name)
+                if name in seen or fragment is None:
+                    return True  # not for this path to decide
+                if fragment.directives or self._directed(fragment.selection_set, seen | {name}):
+                    return True
+            elif isinstance(node, FieldNode | InlineFragmentNode):
+                if self._directed(node.selection_set, seen):
+                    return True
+        return False
+
+    def _object_plan(self, return_type: GraphQLOutputType, details: FieldDetailsList) -> Shape:
         if not is_object_type(return_type):
-            raise _Unfit
+            raise Unfit
         assert isinstance(return_type, GraphQLObjectType)
         grouped, defers, _ = self.collect_subfields(return_type, details)
         if defers:
-            raise _Unfit
-        is_type_of = return_type.is_type_of
-        steps: list[Callable[[Any, dict[str, Any]], None]] = []
-        for key, field_details in grouped.items():
-            steps.append(self._field_step(return_type, key, field_details))
+            raise Unfit
+        fields = [self._field_plan(return_type, key, d) for key, d in grouped.items()]
+        return Shape(return_type.name, return_type.is_type_of, fields)
 
-        def build(source: Any) -> dict[str, Any]:
-            # Strawberry's is_type_of looks only at the object, not the info.
-            if is_type_of is not None and is_type_of(source, None) is not True:  # type: ignore[arg-type]
-                raise _Unfit
-            out: dict[str, Any] = {}
-            for step in steps:
-                step(source, out)
-            return out
-
-        return build
-
-    def _field_step(
-        self, parent: GraphQLObjectType, key: str, details: FieldDetailsList
-    ) -> Callable[[Any, dict[str, Any]], None]:
+    def _field_plan(self, parent: GraphQLObjectType, key: str, details: FieldDetailsList) -> Field:
         node = details[0].node
         name = node.name.value
         if name == "__typename":
-            type_name = parent.name
-
-            def typename(_source: Any, out: dict[str, Any]) -> None:
-                out[key] = type_name
-
-            return typename
+            return Field(key, typename=parent.name)
         field = parent.fields.get(name)
         if field is None or node.arguments or field.args:
-            raise _Unfit
+            raise Unfit
         definition = field.extensions.get(GraphQLCoreConverter.DEFINITION_BACKREF)
         if definition is None or definition.base_resolver is not None:
-            raise _Unfit
+            raise Unfit
         counted = False
         for extension in definition.extensions:
             if not isinstance(extension, CountsTowardResponse):
-                raise _Unfit
+                raise Unfit
             counted = True
-        attribute = definition.python_name
         field_type = field.type
         non_null = isinstance(field_type, GraphQLNonNull)
         inner = field_type.of_type if isinstance(field_type, GraphQLNonNull) else field_type
+        attribute = definition.python_name
         if is_leaf_type(inner):
             assert isinstance(inner, GraphQLLeafType)
-            coerce = inner.coerce_output_value
-            charge = self._charger() if counted else None
-
-            def leaf(source: Any, out: dict[str, Any]) -> None:
-                # A value its scalar refuses (an Int past 32 bits), or an
-                # attribute that raises, is an error at the item's field:
-                # graphql-core's path reports it there, not at the list.
-                try:
-                    value = getattr(source, attribute)
-                    coerced = None if value is None else coerce(value)
-                except Exception:
-                    raise _Unfit from None
-                if value is None:
-                    if non_null:
-                        raise _Unfit
-                    out[key] = None
-                else:
-                    if coerced is None or coerced is Undefined:
-                        raise _Unfit
-                    out[key] = coerced
-                if charge is not None:
-                    charge(value)
-
-            return leaf
+            return Field(
+                key,
+                attribute=attribute,
+                coerce=inner.coerce_output_value,
+                non_null=non_null,
+                counted=counted,
+            )
         if counted:
-            raise _Unfit
+            raise Unfit
         sub = self._object_plan(inner, details)
+        return Field(key, attribute=attribute, sub=sub, non_null=non_null)
 
-        def obj(source: Any, out: dict[str, Any]) -> None:
-            try:
-                value = getattr(source, attribute)
-            except Exception:
-                raise _Unfit from None
-            if value is None:
-                if non_null:
-                    raise _Unfit
-                out[key] = None
-            else:
-                out[key] = sub(value)
+    def _charging(self) -> tuple[Callable[[Any], None], Callable[[], None]]:
+        """The charge of this operation's response budget for a plan's large
+        fields, and what puts the budget back as it is now, for graphql-core
+        to charge them again where the plan gives up."""
+        spending = self._budget()
+        if spending is None:
+            return no_charge, _nothing
+        spent, exceeded = spending.spent, spending.exceeded
 
-        return obj
+        def undo() -> None:
+            spending.spent, spending.exceeded = spent, exceeded
+
+        return spending.charge, undo
 
     def _budget(self) -> Budget | None:
         """The operation's response budget (keyturn.schema.budget); None for
@@ -430,8 +590,3 @@ class FastLists(StrawberryGraphQLCoreExecutionContext):
         if self.operation.operation is OperationType.SUBSCRIPTION:
             return None
         return current_budget()
-
-    def _charger(self) -> Callable[[Any], None] | None:
-        """What CountsTowardResponse does around a large field's value."""
-        spending = self._budget()
-        return spending.charge if spending is not None else None
