@@ -753,10 +753,11 @@ function renderAnswer(result, { request, how, before }) {
   const [kind, title, blurb] = KINDS[typename] || ["error", typename, ""];
   const turn = result.turn || null;
   state.answerTurnId = turn ? turn.id : null;
-  if (turn) {
-    const seen = state.statuses.get(turn.id);
-    if (!seen || !ENDED.has(seen)) state.statuses.set(turn.id, turn.status);
-  }
+  // The answer is a snapshot from when the mutation ran; the session's events
+  // arrive in seq order and can overtake it (a call that waits for approval
+  // may be on the timeline before submitTurn's QUEUED answer is). Every status
+  // change is an event, so a status already seen from them is kept.
+  if (turn && !state.statuses.has(turn.id)) state.statuses.set(turn.id, turn.status);
   const last = loadLast();
   const original = how === "retry" && last && last.turnId;
   state.countBefore = before;
