@@ -94,7 +94,8 @@ def start_server(
     if database_url is not None:
         full_env["KEYTURN_DATABASE_URL"] = database_url
     full_env.update(env or {})
-    for attempt in range(1, _PORT_ATTEMPTS + 1):
+    attempts = _PORT_ATTEMPTS
+    while True:
         port = free_port()
         argv = [sys.executable, "-m", "keyturn", "serve", "--port", str(port)]
         argv += ["--workers", str(workers)]
@@ -109,9 +110,9 @@ def start_server(
                 answered_by=served_by,
             )
         except ServerFailed as failure:
-            if not any(said in str(failure) for said in _PORT_TAKEN) or attempt == _PORT_ATTEMPTS:
+            attempts -= 1
+            if attempts == 0 or not any(said in str(failure) for said in _PORT_TAKEN):
                 raise
-    raise AssertionError("unreachable")
 
 
 def served_by(body: bytes, proc: subprocess.Popen[bytes]) -> bool:
