@@ -57,8 +57,13 @@ class Budget:
             raise ResponseTooLarge(self.limit)
 
     def charge(self, value: Any) -> None:
-        self.check()
-        self.spent += size(value)
+        if self.exceeded:
+            raise ResponseTooLarge(self.limit)
+        if type(value) is RawJSON:  # an event's data: a page charges a hundred
+            text = value.text
+            self.spent += len(text) if text.isascii() else len(text.encode())
+        else:
+            self.spent += size(value)
         if self.spent > self.limit:
             self.exceeded = True
             raise ResponseTooLarge(self.limit)

@@ -62,7 +62,7 @@ from graphql.execution.values import get_argument_values
 from graphql.language import OperationType
 from graphql.pyutils import Path
 
-from keyturn.schema.plans import Field, Shape, Unfit, coerced, compile_shape
+from keyturn.schema.plans import Build, Field, Shape, Unfit, coerced, compile_shape
 
 if TYPE_CHECKING:
     from keyturn.schema.execution import FastLists
@@ -160,6 +160,9 @@ class _Compiler:
         return nullable
 
     def _list(self, item_type: GraphQLOutputType, details: FieldDetailsList) -> Complete:
+        build = self._plain_items(item_type, details)
+        if build is not None:
+            return _plain_list(build)
         item = self.complete(item_type, details)
 
         def items(value: Any, path: Path | None, info: Any, ex: FastLists, charge: Any) -> Any:
@@ -180,6 +183,14 @@ class _Compiler:
             return _Later(_gathered, (done, pending), [done[i] for i in pending])
 
         return items
+
+    def _plain_items(self, item_type: GraphQLOutputType, details: FieldDetailsList) -> Build | None:
+        """The generated plan of a list's items when they are non-null
+        objects whose every selected field is plain (a page's edges)."""
+        if not isinstance(item_type, GraphQLNonNull) or not is_object_type(item_type.of_type):
+            return None
+        assert isinstance(item_type.of_type, GraphQLObjectType)
+        return self.execution._compiled(item_type.of_type, details)
 
     def _abstract(
         self, abstract: GraphQLInterfaceType | GraphQLUnionType, details: FieldDetailsList
@@ -299,6 +310,28 @@ class _Compiler:
             return _Later(_filled, (out, waiting, ex, charge), [w[1] for w in waiting])
 
         return complete
+
+
+def _plain_list(build: Build) -> Complete:
+    """A list of non-null plain objects completed in one loop: a plan
+    returns a dict, never an awaitable, and needs no path (a failing item
+    gives up the whole plan, whose path graphql-core then reports)."""
+
+    def items(value: Any, _path: Path | None, _info: Any, _ex: FastLists, charge: Any) -> Any:
+        if type(value) is not list:
+            raise Unfit
+        done: list[Any] = []
+        append = done.append
+        try:
+            for v in value:
+                if v is None:
+                    raise Unfit
+                append(build(v, charge))
+        except Exception:  # the response budget's charge among them
+            raise Unfit from None
+        return done
+
+    return items
 
 
 def _leaf(coerce: Callable[[Any], Any]) -> Complete:

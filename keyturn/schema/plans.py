@@ -33,6 +33,10 @@ from typing import Any
 
 from graphql.pyutils import Undefined
 from graphql.type import scalars
+from strawberry.scalars import JSON
+from strawberry.schema.types.scalar import DEFAULT_SCALAR_REGISTRY
+
+from keyturn.db.reads import RawJSON
 
 # A plan: the source object and the charge of the operation's response
 # budget (keyturn.schema.budget) for the large fields.
@@ -52,7 +56,13 @@ _UNCHANGED: dict[Any, str] = {
     scalars.serialize_string: "str",
     scalars.serialize_id: "str",
     scalars.serialize_boolean: "bool",
+    # Strawberry's JSON scalar answers every value as it is (``lambda v: v``):
+    # event data read as its JSON text, or a decoded document.
+    DEFAULT_SCALAR_REGISTRY[JSON].serialize: "_JSON_AS_IS",
 }
+# What the JSON scalar's identity answers as it is and graphql-core takes as
+# a value (an Exception, or Undefined, it would not).
+_JSON_AS_IS = frozenset({RawJSON, dict, list, str, int, float, bool})
 
 
 def coerced(coerce: Callable[[Any], Any], value: Any) -> Any:
@@ -111,7 +121,12 @@ class Shape:
 
 def compile_shape(shape: Shape) -> Build:
     """``shape`` as one generated function per object it reaches."""
-    names: dict[str, Any] = {"Unfit": Unfit, "coerced": coerced, "_int": _int}
+    names: dict[str, Any] = {
+        "Unfit": Unfit,
+        "coerced": coerced,
+        "_int": _int,
+        "_JSON_AS_IS": _JSON_AS_IS,
+    }
     lines: list[str] = []
     counter = itertools.count()
 
@@ -144,8 +159,9 @@ def compile_shape(shape: Shape) -> Build:
                 names[f"{fn}_c{i}"] = f.coerce
                 exact = _UNCHANGED.get(f.coerce)
                 general = f"coerced({fn}_c{i}, {value})"
+                test = "in" if exact == "_JSON_AS_IS" else "is"
                 done = (
-                    f"({value} if type({value}) is {exact} else {general})"
+                    f"({value} if type({value}) {test} {exact} else {general})"
                     if exact is not None
                     else general
                 )
