@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from keyturn.resolvers.context import Context
-from keyturn.resolvers.pagination import Page, check_first, decode_seq_cursor, seq_cursor
+from keyturn.resolvers.pagination import Page, check_first, decode_seq_cursor, seq_cursors
 from keyturn.runtime.approval import (
     DecisionRequest,
     DecisionResult,
@@ -43,7 +43,7 @@ async def pending_approvals(
     items, more = await ctx.runtime.pending_approvals(tenant=ctx.tenant, after=cursor, limit=limit)
     return Page(
         items=items,
-        cursors=[seq_cursor(CURSOR_KIND, p.cursor) for p in items],
+        cursors=seq_cursors(CURSOR_KIND, [p.cursor for p in items]),
         has_next=more,
         total=len(items),
         has_previous=after is not None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import uuid
 from binascii import b2a_base64
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, TypeVar
@@ -88,8 +89,14 @@ def _decode(cursor: str, name: str = "after") -> str:
         raise InvalidArgument(f"{name} is not a cursor this API gave out") from None
 
 
-def seq_cursor(kind: str, seq: int) -> str:
-    return _encode(f"{kind}:{seq}")
+def seq_cursors(kind: str, seqs: Iterable[int]) -> list[str]:
+    """The cursor of each seq (its ``kind:seq`` text, URL-safe base64 without
+    padding), made in one call for a whole page."""
+    encode, url_safe = b2a_base64, _URL_SAFE
+    return [
+        encode(f"{kind}:{seq}".encode(), newline=False).translate(url_safe).rstrip(b"=").decode()
+        for seq in seqs
+    ]
 
 
 def _whole_number(text: str) -> bool:

@@ -14,7 +14,7 @@ from keyturn.resolvers.pagination import (
     SeqWindow,
     check_first,
     decode_session_cursor,
-    seq_cursor,
+    seq_cursors,
     seq_window,
     session_cursor,
 )
@@ -134,7 +134,7 @@ async def session_turns(
         items = rows[: window.limit][::-1]
         return Page(
             items,
-            [seq_cursor("turn", t.admit_seq) for t in items],
+            seq_cursors("turn", [t.admit_seq for t in items]),
             has_next=window.cursor is not None,
             total=total,
             has_previous=len(rows) > window.limit,
@@ -144,7 +144,7 @@ async def session_turns(
     items = rows[: window.limit]
     return Page(
         items,
-        [seq_cursor("turn", t.admit_seq) for t in items],
+        seq_cursors("turn", [t.admit_seq for t in items]),
         has_next=len(rows) > window.limit,
         total=total,
         has_previous=bool(window.cursor),
@@ -175,7 +175,7 @@ async def session_events(
         items = rows[: window.limit][::-1]
         return Page(
             items,
-            [seq_cursor("event", e.seq) for e in items],
+            seq_cursors("event", [e.seq for e in items]),
             has_next=window.cursor is not None,
             total=event_count,
             has_previous=len(rows) > window.limit,
@@ -183,7 +183,7 @@ async def session_events(
     items = rows[: window.limit]
     return Page(
         items,
-        [seq_cursor("event", e.seq) for e in items],
+        seq_cursors("event", [e.seq for e in items]),
         has_next=len(rows) > window.limit,
         total=event_count,
         has_previous=bool(window.cursor),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import strawberry
 from strawberry.scalars import JSON
@@ -74,14 +74,20 @@ class Event(Node):
 
 
 class _RecordEvent(Event):
-    """An Event that reads its record only for the fields a document selects:
-    a page of events asks for a few of them, and building every id string of
-    every event would cost more than answering."""
+    """An Event that builds its id strings only for a document that selects
+    them: a page of events asks for a few fields, and building every id of
+    every event would cost more than answering. The rest is copied as it is
+    (slots, read by a plan without a call)."""
 
-    __slots__ = ("_record",)
+    __slots__ = ("_record", "created_at", "data", "seq", "type")
 
     def __init__(self, record: EventRecord) -> None:  # no dataclass fields to set
         self._record = record
+        self.seq = record.seq
+        self.type = record.type
+        # JSON as read; not typing.cast, a call per event.
+        self.data = record.data  # type: ignore[assignment]
+        self.created_at = record.created_at
 
     @property
     def id(self) -> strawberry.ID:  # type: ignore[override]
@@ -95,22 +101,6 @@ class _RecordEvent(Event):
     def turn_id(self) -> strawberry.ID | None:  # type: ignore[override]
         turn_id = self._record.turn_id
         return strawberry.ID(str(turn_id)) if turn_id is not None else None
-
-    @property
-    def seq(self) -> int:  # type: ignore[override]
-        return self._record.seq
-
-    @property
-    def type(self) -> str:  # type: ignore[override]
-        return self._record.type
-
-    @property
-    def data(self) -> JSON:  # type: ignore[override]
-        return cast(JSON, self._record.data)
-
-    @property
-    def created_at(self) -> datetime:  # type: ignore[override]
-        return self._record.created_at
 
 
 @strawberry.type
@@ -127,7 +117,7 @@ class EventConnection:
 
     @classmethod
     def from_page(cls, page: Page[EventRecord]) -> EventConnection:
-        edges = [EventEdge(cursor=c, node=Event.from_record(x)) for c, x in _pairs(page)]
+        edges = [EventEdge(cursor=c, node=_RecordEvent(x)) for c, x in _pairs(page)]
         return cls(edges=edges, page_info=_page_info(page), total_count=page.total)
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 import uuid
 from datetime import UTC, datetime
 
@@ -10,17 +11,27 @@ from keyturn.resolvers.pagination import (
     check_first,
     decode_seq_cursor,
     decode_session_cursor,
-    seq_cursor,
+    seq_cursors,
     session_cursor,
 )
 
 
 def test_cursors_round_trip_and_are_kind_checked() -> None:
-    assert decode_seq_cursor("event", seq_cursor("event", 42)) == 42
+    assert decode_seq_cursor("event", seq_cursors("event", [42])[0]) == 42
     with pytest.raises(InvalidArgument):
-        decode_seq_cursor("turn", seq_cursor("event", 42))
+        decode_seq_cursor("turn", seq_cursors("event", [42])[0])
     now, sid = datetime.now(UTC), uuid.uuid4()
     assert decode_session_cursor(session_cursor(now, sid)) == (now, sid)
+
+
+def test_a_page_of_cursors_is_url_safe_base64_of_each_seq() -> None:
+    # Every length of seq, so every padding.
+    seqs = [*range(0, 2000), 2**31, 2**63 - 1]
+    made = seq_cursors("event", seqs)
+    assert made == [
+        base64.urlsafe_b64encode(f"event:{s}".encode()).decode().rstrip("=") for s in seqs
+    ]
+    assert [decode_seq_cursor("event", c) for c in made] == seqs
 
 
 @pytest.mark.parametrize("bad", ["", "!!!", "ZXZlbnQ6LTE", "dHVybjp4"])
