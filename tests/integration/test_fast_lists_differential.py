@@ -1028,11 +1028,58 @@ CASES: dict[str, Callable[[], list[Item]]] = {
 }
 
 
+# Types with an interface, whose is_type_of Strawberry generates (a plan
+# calls it for each object), and objects cast to them or to another.
+
+
+@strawberry.interface
+class Named:
+    name: str
+
+
+@strawberry.type
+class Badge(Named):
+    rank: int = 1
+
+
+@strawberry.type
+class Plaque(Named):
+    rank: int = 2
+
+
+class Lookalike:
+    """Not a strawberry type: what strawberry.cast is for (a row, a record)."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.rank = name, 3
+
+
+class Medal(Badge):
+    """A subclass of the type: its instances are the type's."""
+
+
+BADGES: dict[str, Callable[[], list[Any]]] = {
+    "clean": lambda: [Badge(name="a"), Badge(name="b", rank=5)],
+    "a subclass": lambda: [Badge(name="a"), Medal(name="m")],
+    "another type of the interface": lambda: [Badge(name="a"), Plaque(name="p")],
+    "a lookalike cast to the type": lambda: [strawberry.cast(Badge, Lookalike("l"))],
+    "a lookalike cast to another type": lambda: [strawberry.cast(Plaque, Lookalike("l"))],
+    "a lookalike cast to the interface": lambda: [strawberry.cast(Named, Lookalike("l"))],
+    "a lookalike not cast": lambda: [Badge(name="a"), Lookalike("l")],
+    "the type cast to another": lambda: [strawberry.cast(Plaque, Badge(name="a"))],
+    "another type cast to the type": lambda: [strawberry.cast(Badge, Plaque(name="p"))],
+}
+
+
 @strawberry.type
 class CraftedQuery:
     @strawberry.field
     def items(self, case: str) -> list[Item]:
         return CASES[case]()
+
+    @strawberry.field
+    def badges(self, case: str) -> list[Badge]:
+        return BADGES[case]()
 
     @strawberry.field
     def maybe_items(self, case: str) -> list[Item] | None:
@@ -1155,6 +1202,29 @@ async def test_nulls_and_refused_values_inside_lists_on_a_schema_of_plain_object
             )
         errors += b'"errors"' in core
     assert errors >= 20, errors
+
+
+async def test_objects_of_a_type_with_an_interface_are_claimed_as_graphql_core_claims_them() -> (
+    None
+):
+    schemas = [
+        Quiet(query=CraftedQuery, types=[Plaque], execution_context_class=cls)
+        for cls in (CountedFastLists, StrawberryGraphQLCoreExecutionContext)
+    ]
+    query = "query($c: String!) { badges(case: $c) { __typename name rank } }"
+    refused = 0
+    for case in BADGES:
+        fast, core = [
+            orjson_of(await schema.execute(query, variable_values={"c": case}))
+            for schema in schemas
+        ]
+        assert fast == core, differ(query, case, fast, core)
+        refused += b'"errors"' in core
+    # Strawberry's own rule, which the plan keeps: an object cast is the type
+    # it was cast to (or one of its interfaces), any other is the type of its
+    # class or of an interface of it; refused are a lookalike not cast, one
+    # cast to another type and the type's object cast to another.
+    assert refused == 3, refused
 
 
 def orjson_of(result: ExecutionResult) -> bytes:
