@@ -11,8 +11,9 @@ leaves, lists of plain objects) generated as code by keyturn.schema.plans,
 and the plan is kept with the operation's nodes.
 
 A plan is the happy path and nothing else. The resolvers it calls are the
-schema's own (``field.resolve``, Strawberry's wrapper with its argument
-conversion and extensions), with the resolve info and the arguments
+schema's own (called as Strawberry's wrapper calls them, keyturn.schema.calls,
+or through the wrapper where it does more: extensions, a conversion of its
+own), with the resolve info and the arguments
 graphql-core would give them, in the same order, and sibling fields (and the
 items of a list) awaited together as graphql-core does, so a page of
 sessions still loads its events in one batch. The moment anything is not
@@ -62,6 +63,7 @@ from graphql.execution.values import get_argument_values
 from graphql.language import OperationType
 from graphql.pyutils import Path
 
+from keyturn.schema.calls import direct_call
 from keyturn.schema.plans import Build, Field, Shape, Unfit, coerced, compile_shape
 
 if TYPE_CHECKING:
@@ -105,11 +107,18 @@ class _Resolved:
 
     __slots__ = ("args", "complete", "field", "key", "node", "nodes", "resolve")
 
-    def __init__(self, key: str, field: Any, details: FieldDetailsList, complete: Complete) -> None:
+    def __init__(
+        self,
+        key: str,
+        field: Any,
+        details: FieldDetailsList,
+        complete: Complete,
+        resolve: Callable[..., Any],
+    ) -> None:
         self.key, self.field, self.complete = key, field, complete
         self.node = details[0].node
         self.nodes = [d.node for d in details]
-        self.resolve = field.resolve
+        self.resolve = resolve
         self.args = bool(field.args or self.node.arguments)
 
 
@@ -126,6 +135,9 @@ class _Compiler:
 
     def __init__(self, execution: FastLists) -> None:
         self.execution = execution
+        # The Strawberry schema of the GraphQL one, whose resolvers a plan
+        # calls without their wrapper (keyturn.schema.calls).
+        self.strawberry = getattr(execution.schema, "_strawberry_schema", None)
 
     def complete(self, field_type: GraphQLOutputType, details: FieldDetailsList) -> Complete:
         non_null = isinstance(field_type, GraphQLNonNull)
@@ -256,7 +268,9 @@ class _Compiler:
             field = object_type.fields[field_name]
             if field.resolve is None:  # graphql-core's default resolver
                 raise Unfit
-            resolved.append(_Resolved(key, field, details, self.complete(field.type, details)))
+            resolve = direct_call(self.strawberry, field) if self.strawberry else None
+            done = self.complete(field.type, details)
+            resolved.append(_Resolved(key, field, details, done, resolve or field.resolve))
         keys = list(grouped)
         # Plain keys are answered first, the resolved after them: in the
         # document's order again only where the two interleave.

@@ -102,6 +102,8 @@ from keyturn.http.app import KeyturnGraphQL
 from keyturn.ops import databases
 from keyturn.resolvers.context import Context, QueryLimits
 from keyturn.schema import build_schema
+from keyturn.schema.calls import direct_call
+from keyturn.schema.conversion import converted_once
 from keyturn.schema.execution import PLANNED, FastLists
 from keyturn.schema.plans import Build
 from tests import figures
@@ -1071,11 +1073,70 @@ BADGES: dict[str, Callable[[], list[Any]]] = {
 }
 
 
+# What resolvers were given, one line per call, to compare a plan's direct
+# call (keyturn.schema.calls) with Strawberry's wrapper.
+GIVEN: list[str] = []
+
+
+def received(**kwargs: Any) -> str:
+    line = ", ".join(f"{k}={v!r}:{type(v).__name__}" for k, v in sorted(kwargs.items()))
+    GIVEN.append(line)
+    return line
+
+
+@converted_once
+@strawberry.input
+class Knob:
+    label: str
+    colour: Colour = Colour.RED
+    note: str | None = None
+
+
+@strawberry.input
+class Dial:
+    """An input type of Strawberry's own conversion, no ``from_input``."""
+
+    turns: int
+
+
 @strawberry.type
 class CraftedQuery:
     @strawberry.field
     def items(self, case: str) -> list[Item]:
         return CASES[case]()
+
+    @strawberry.field
+    def echo(
+        self,
+        info: strawberry.Info,
+        text: str,
+        key: strawberry.ID | None = None,
+        count: int = 3,
+        colour: Colour | None = None,
+        knob: Knob | None = None,
+    ) -> str:
+        return received(
+            self=type(self).__name__,
+            field=info.field_name,
+            text=text,
+            key=key,
+            count=count,
+            colour=colour,
+            knob=knob,
+        )
+
+    @strawberry.field
+    async def later_echo(self, root: Any, text: str, knob: Knob, dial: Dial | None = None) -> str:
+        return received(root=type(root).__name__, text=text, knob=knob, dial=dial)
+
+    @strawberry.field
+    def listed(self, texts: list[str]) -> str:
+        return received(texts=texts)
+
+    @strawberry.field
+    @staticmethod
+    async def rooted(root: Any, text: str) -> str:
+        return received(root=type(root).__name__, text=text)
 
     @strawberry.field
     def badges(self, case: str) -> list[Badge]:
@@ -1225,6 +1286,44 @@ async def test_objects_of_a_type_with_an_interface_are_claimed_as_graphql_core_c
     # class or of an interface of it; refused are a lookalike not cast, one
     # cast to another type and the type's object cast to another.
     assert refused == 3, refused
+
+
+ECHOES = [
+    '{ echo(text: "a") }',
+    "query($t: String!, $k: ID) { echo(text: $t, key: $k, count: 7, colour: RED) }",
+    'query($t: String!) { a: echo(text: $t, knob: {label: "x"}) b: echo(text: "b", key: 12) }',
+    'query($k: Knob) { echo(text: "n", knob: $k) laterEcho(text: "l", knob: {label: "y"}) }',
+    'query($k: Knob!) { laterEcho(text: "m", knob: $k, dial: {turns: 2}) listed(texts: ["p"]) }',
+    "query($t: String!) { echo(text: $t, key: null, colour: null, knob: null) rooted(text: $t) }",
+    # Refused by the resolver's argument conversion: graphql-core says why.
+    '{ echo(text: "a", count: 99999999999) }',
+]
+
+
+async def test_a_resolver_is_given_the_same_arguments_by_a_plan_and_by_strawberry() -> None:
+    schemas = [
+        Quiet(query=CraftedQuery, execution_context_class=cls)
+        for cls in (CountedFastLists, StrawberryGraphQLCoreExecutionContext)
+    ]
+    query_type = schemas[0]._schema.query_type
+    assert query_type is not None
+    fields = query_type.fields
+    assert direct_call(schemas[0], fields["echo"]) is not None
+    assert direct_call(schemas[0], fields["laterEcho"]) is None  # Dial has no from_input
+    assert direct_call(schemas[0], fields["listed"]) is None  # a list: Strawberry copies it
+    assert direct_call(schemas[0], fields["rooted"]) is not None
+    variables: dict[str, Any] = {"t": "typed", "k": "k1", "c": 5}
+    planned = PLANNED.answered
+    for query in ECHOES:
+        for values in (variables, {"t": "t", "k": {"label": "v", "colour": "RED"}}):
+            answers, calls = [], []
+            for schema in schemas:
+                GIVEN.clear()
+                answers.append(orjson_of(await schema.execute(query, variable_values=values)))
+                calls.append(list(GIVEN))
+            assert answers[0] == answers[1], differ(query, str(values), *answers)
+            assert calls[0] == calls[1], (query, calls)
+    assert PLANNED.answered > planned
 
 
 def orjson_of(result: ExecutionResult) -> bytes:
