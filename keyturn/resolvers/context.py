@@ -6,6 +6,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from strawberry.dataloader import DataLoader
@@ -79,7 +80,10 @@ class Loaders:
 
     Each loader is made when a resolver first asks for it: a WebSocket that
     only waits for a subscription's events never does, and would otherwise
-    hold four loaders for as long as it stays open.
+    hold four loaders for as long as it stays open. A loader's function is
+    bound to the reads, not to these loaders: bound to them it made a
+    reference cycle, and a request's context and everything it read waited
+    for the cycle collector rather than going when the request ended.
     """
 
     __slots__ = ("_reads", "_session_events", "_tool_events", "_turn_events", "_turn_pages")
@@ -94,86 +98,86 @@ class Loaders:
     @property
     def turn_pages(self) -> DataLoader[TurnPageKey, TurnPage]:
         if self._turn_pages is None:
-            self._turn_pages = DataLoader(self._load_turn_pages, cache=False)
+            self._turn_pages = DataLoader(partial(_load_turn_pages, self._reads), cache=False)
         return self._turn_pages
 
     @property
     def session_events(self) -> DataLoader[EventPageKey, list[EventRecord]]:
         if self._session_events is None:
-            self._session_events = DataLoader(self._load_session_events, cache=False)
+            self._session_events = DataLoader(
+                partial(_load_session_events, self._reads), cache=False
+            )
         return self._session_events
 
     @property
     def turn_events(self) -> DataLoader[TurnEventsKey, list[EventRecord]]:
         if self._turn_events is None:
-            self._turn_events = DataLoader(self._load_turn_events, cache=False)
+            self._turn_events = DataLoader(partial(_load_turn_events, self._reads), cache=False)
         return self._turn_events
 
     @property
     def tool_events(self) -> DataLoader[uuid.UUID, list[EventRecord]]:
         """By turn id: the turn's ``tool.*`` events, what its tool calls are made of."""
         if self._tool_events is None:
-            self._tool_events = DataLoader(self._load_tool_events, cache=False)
+            self._tool_events = DataLoader(partial(_load_tool_events, self._reads), cache=False)
         return self._tool_events
 
-    async def _load_turn_pages(self, keys: list[TurnPageKey]) -> list[TurnPage]:
-        # Sessions of one page all ask for the same window; one statement per window.
-        found: dict[TurnPageKey, TurnPage] = {}
-        for (backward, cursor, limit), session_ids in _windows(keys).items():
+
+async def _load_turn_pages(reads: Reads, keys: list[TurnPageKey]) -> list[TurnPage]:
+    # Sessions of one page all ask for the same window; one statement per window.
+    found: dict[TurnPageKey, TurnPage] = {}
+    for (backward, cursor, limit), session_ids in _windows(keys).items():
+        if backward:
+            pages = await reads.turns_before_batch(
+                session_ids=session_ids, before=cursor, limit=limit
+            )
+        else:
+            pages = await reads.turns_batch(session_ids=session_ids, after=cursor, limit=limit)
+        for sid, page in pages.items():
+            found[TurnPageKey(sid, backward, cursor, limit)] = page
+    return [found[key] for key in keys]
+
+
+async def _load_session_events(reads: Reads, keys: list[EventPageKey]) -> list[list[EventRecord]]:
+    # As for turns: one statement per window; a window asked for by one
+    # session alone (Query.session) reads it with the single-session statement.
+    found: dict[EventPageKey, list[EventRecord]] = {}
+    for (backward, cursor, limit), session_ids in _windows(keys).items():
+        pages: dict[uuid.UUID, list[EventRecord]]
+        if len(set(session_ids)) == 1:
+            [sid] = set(session_ids)
             if backward:
-                pages = await self._reads.turns_before_batch(
-                    session_ids=session_ids, before=cursor, limit=limit
-                )
+                rows = await reads.events_before(session_id=sid, before=cursor, limit=limit)
             else:
-                pages = await self._reads.turns_batch(
-                    session_ids=session_ids, after=cursor, limit=limit
-                )
-            for sid, page in pages.items():
-                found[TurnPageKey(sid, backward, cursor, limit)] = page
-        return [found[key] for key in keys]
+                rows = await reads.events(session_id=sid, after=cursor, limit=limit)
+            pages = {sid: rows}
+        elif backward:
+            pages = await reads.events_before_batch(
+                session_ids=session_ids, before=cursor, limit=limit
+            )
+        else:
+            pages = await reads.events_batch(session_ids=session_ids, after=cursor, limit=limit)
+        for sid, page in pages.items():
+            found[EventPageKey(sid, backward, cursor, limit)] = page
+    return [found[key] for key in keys]
 
-    async def _load_session_events(self, keys: list[EventPageKey]) -> list[list[EventRecord]]:
-        # As for turns: one statement per window; a window asked for by one
-        # session alone (Query.session) reads it with the single-session statement.
-        found: dict[EventPageKey, list[EventRecord]] = {}
-        for (backward, cursor, limit), session_ids in _windows(keys).items():
-            pages: dict[uuid.UUID, list[EventRecord]]
-            if len(set(session_ids)) == 1:
-                [sid] = set(session_ids)
-                if backward:
-                    rows = await self._reads.events_before(
-                        session_id=sid, before=cursor, limit=limit
-                    )
-                else:
-                    rows = await self._reads.events(session_id=sid, after=cursor, limit=limit)
-                pages = {sid: rows}
-            elif backward:
-                pages = await self._reads.events_before_batch(
-                    session_ids=session_ids, before=cursor, limit=limit
-                )
-            else:
-                pages = await self._reads.events_batch(
-                    session_ids=session_ids, after=cursor, limit=limit
-                )
-            for sid, page in pages.items():
-                found[EventPageKey(sid, backward, cursor, limit)] = page
-        return [found[key] for key in keys]
 
-    async def _load_turn_events(self, keys: list[TurnEventsKey]) -> list[list[EventRecord]]:
-        # A page of turns all ask for the same window: one statement per window.
-        windows: dict[tuple[int, int], list[uuid.UUID]] = defaultdict(list)
-        for key in keys:
-            windows[(key.after, key.limit)].append(key.turn_id)
-        pages: dict[TurnEventsKey, list[EventRecord]] = {}
-        for (after, limit), turn_ids in windows.items():
-            got = await self._reads.turn_event_pages(turn_ids, after=after, limit=limit)
-            for tid, rows in got.items():
-                pages[TurnEventsKey(tid, after, limit)] = rows
-        return [pages[key] for key in keys]
+async def _load_turn_events(reads: Reads, keys: list[TurnEventsKey]) -> list[list[EventRecord]]:
+    # A page of turns all ask for the same window: one statement per window.
+    windows: dict[tuple[int, int], list[uuid.UUID]] = defaultdict(list)
+    for key in keys:
+        windows[(key.after, key.limit)].append(key.turn_id)
+    pages: dict[TurnEventsKey, list[EventRecord]] = {}
+    for (after, limit), turn_ids in windows.items():
+        got = await reads.turn_event_pages(turn_ids, after=after, limit=limit)
+        for tid, rows in got.items():
+            pages[TurnEventsKey(tid, after, limit)] = rows
+    return [pages[key] for key in keys]
 
-    async def _load_tool_events(self, turn_ids: list[uuid.UUID]) -> list[list[EventRecord]]:
-        found = await self._reads.tool_events_of_turns(turn_ids)
-        return [found[tid] for tid in turn_ids]
+
+async def _load_tool_events(reads: Reads, turn_ids: list[uuid.UUID]) -> list[list[EventRecord]]:
+    found = await reads.tool_events_of_turns(turn_ids)
+    return [found[tid] for tid in turn_ids]
 
 
 @dataclass(slots=True)
