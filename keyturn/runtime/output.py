@@ -127,6 +127,10 @@ class Output:
             if not self._writing:
                 timer.cancel()
             await asyncio.wait([timer])
+            # A cancelled timer keeps its CancelledError, whose traceback
+            # holds the frame that holds this object: let go of it, so the
+            # turn's output is freed when the turn ends (not by the collector).
+            self._timer = None
         self._raise_failure()
 
     def abandon(self) -> None:

@@ -82,3 +82,15 @@ async def test_an_answer_is_freed_when_its_request_ends(client: GraphQLClient) -
             answer = await send()
         assert answer, name
         assert answer_objects(garbage) == [], name
+
+
+async def test_a_turn_is_freed_when_it_ends(client: GraphQLClient) -> None:
+    session = await client.create_session()
+    first = await client.submit(session, uuid.uuid4().hex, "hello")
+    await client.wait_for_status(str(first["turn"]["id"]), {"COMPLETED"})
+    with cyclic_garbage() as garbage:
+        admitted = await client.submit(session, uuid.uuid4().hex, "hello again")
+        # Admitted, claimed, its output written as it came, completed.
+        ended = await client.wait_for_status(str(admitted["turn"]["id"]), {"COMPLETED"})
+    assert ended["output"], ended
+    assert answer_objects(garbage) == []
