@@ -1,0 +1,119 @@
+"""The CPU one request costs a server process, under wrk: for comparing a
+change with the code before it (run this on each and compare), where
+``make bench``'s throughput ratios move with the machine from one run to
+the next.
+
+    python -m bench.cpu page      # Keyturn: pages of 100 events (bench/cycle.lua)
+    python -m bench.cpu replay    # Keyturn: submitTurn, keys already admitted
+    python -m bench.cpu new       # Keyturn: submitTurn, new keys (turns run too)
+    python -m bench.cpu page --peer
+
+One server process (``--workers 1``), its CPU (user + system, from the
+kernel's accounting of the process and its children) divided by the
+requests wrk completed, for each of ``--rounds`` rounds."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psutil
+
+from bench import reading
+from bench.load import choose_client
+from bench.rows import progress
+from bench.seed import make_event_session, make_sessions
+from bench.servers import database_server, port_of, start_keyturn, start_peer, target_databases
+from bench.sizes import BENCH, ROOT, parse_args
+
+EVENTS = 10_000
+REPLAYED_KEYS = 2_000
+
+
+def _cpu_seconds(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in procs:
+        times = p.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def _wrk(port: int, script: str, args: list[str], connections: int, seconds: int) -> dict[str, int]:
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s"]
+    cmd += ["-s", str(BENCH / script), f"http://127.0.0.1:{port}", "--", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    raw = json.loads([x for x in out.splitlines() if x.startswith("{")][-1])
+    if raw.get("other") or raw.get("errors"):
+        raise SystemExit(f"wrk: answers that were not the expected ones: {raw}")
+    return {k: int(v) for k, v in raw.items() if isinstance(v, int | float)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.cpu", description="CPU per request, under wrk")
+    p.add_argument("what", choices=("page", "replay", "new"))
+    p.add_argument("--peer", action="store_true", help="the REST peer instead of Keyturn")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--duration", type=int, default=8, help="seconds per round")
+    p.add_argument("--connections", type=int, default=32)
+    p.add_argument("--database", default="auto", help="auto, embedded or a server URL")
+    a = p.parse_args(argv)
+    cfg = parse_args(["--workers", "1", "--database", a.database])
+    choose_client(cfg)
+    mode = "rest" if a.peer else "graphql"
+    target = "peer" if a.peer else "keyturn"
+    with (
+        database_server(cfg.database) as (admin_url, where),
+        target_databases(admin_url, (target,)) as urls,
+        tempfile.TemporaryDirectory(prefix="keyturn-cpu-") as tmp_dir,
+    ):
+        tmp, url = Path(tmp_dir), urls[target]
+        progress(f"{where}; seeding")
+        if a.what == "page":
+            sid = asyncio.run(make_event_session(url, EVENTS, cfg.history))
+            lines = [
+                f"{method}\t{path}\t{body.decode()}"
+                for method, path, _, body in reading.page_requests(mode, sid, EVENTS)
+            ]
+            (tmp / "pages.txt").write_text("\n".join(lines) + "\n")
+            script, args = "cycle.lua", [str(tmp / "pages.txt")]
+        else:
+            sessions = asyncio.run(make_sessions(url, cfg.sessions, cfg.history))
+            (tmp / "sessions.txt").write_text("\n".join(sessions) + "\n")
+            script, args = "submit.lua", [mode, str(tmp / "sessions.txt"), "cpu", "0"]
+        if a.peer:
+            server = start_peer(cfg, url, tmp)
+        else:
+            server, _ = start_keyturn(cfg, url, tmp)
+        try:
+            port = port_of(server)
+            parent = psutil.Process(server.proc.pid)
+            procs = [parent, *parent.children(recursive=True)]
+            if a.what == "replay":
+                # Keys admitted first, then only those replayed (keys 1..N;
+                # the last few sent may not have been answered).
+                admitted = _wrk(port, script, args, 8, 3)["requests"] // 2
+                args = [*args[:3], str(min(REPLAYED_KEYS, admitted))]
+            per: list[float] = []
+            for n in range(a.rounds):
+                before = _cpu_seconds(procs)
+                answers = _wrk(port, script, args, a.connections, a.duration)
+                done = answers["requests"]
+                if a.what == "replay" and answers.get("accepted"):
+                    raise SystemExit(f"a replay admitted a new turn: {answers}")
+                if a.what == "new":
+                    args = [*args[:2], f"cpu{n + 1}", "0"]  # keys of its own each round
+                per.append((_cpu_seconds(procs) - before) / done * 1000)
+                progress(f"{target} {a.what}: {done} requests, {per[-1]:.3f} ms of CPU each")
+        finally:
+            server.stop()
+        per.sort()
+        print(f"{target} {a.what}: median {per[len(per) // 2]:.3f} ms of CPU per request")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
