@@ -97,6 +97,23 @@ _SESSION_WITH_EVENTS = Statement(
     f"(SELECT {_NULL_SESSION}, {_RAW_EVENT_COLUMNS} FROM events "
     "WHERE session_id = (SELECT id FROM s) AND seq > :after ORDER BY seq LIMIT :limit)"
 )
+# The same for a page whose answer reads only each event's seq, type and
+# data: its id, turn and time are not decoded (a page's rows cost half as
+# much to read), and its session is the one in the first row.
+_LEAN_EVENT_COLUMNS = ", ".join(
+    "CAST(data AS text) AS data"
+    if name == "data"
+    else name
+    if name in ("seq", "type")
+    else f"NULL AS {name}"
+    for name in _EVENT_COLUMNS.split(", ")
+)
+_SESSION_WITH_LEAN_EVENTS = Statement(
+    f"WITH s AS (SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = :id AND tenant = :tenant) "
+    f"(SELECT {columns(Session, alias='s', prefix='s_')}, {_NULL_EVENT} FROM s) UNION ALL "
+    f"(SELECT {_NULL_SESSION}, {_LEAN_EVENT_COLUMNS} FROM events "
+    "WHERE session_id = (SELECT id FROM s) AND seq > :after ORDER BY seq LIMIT :limit)"
+)
 _EVENT = Statement(
     f"SELECT {columns(Event, alias='e')} FROM events e JOIN sessions s ON s.id = e.session_id "
     "WHERE e.id = :id AND s.tenant = :tenant"
@@ -197,21 +214,31 @@ async def session(conn: Conn, *, tenant: str, session_id: uuid.UUID) -> SessionR
 
 
 async def session_with_events(
-    conn: Conn, *, tenant: str, session_id: uuid.UUID, after: int, limit: int
+    conn: Conn,
+    *,
+    tenant: str,
+    session_id: uuid.UUID,
+    after: int,
+    limit: int,
+    lean: bool = False,
 ) -> tuple[SessionRecord | None, list[EventRecord]]:
     """The session (None if the tenant has none of that id) and at most
     ``limit`` of its events after seq ``after``, read at one snapshot, their
-    data as :func:`events_after` reads it with ``raw_data``."""
-    rows = await _SESSION_WITH_EVENTS.fetch(
-        conn, id=session_id, tenant=tenant, after=after, limit=limit
-    )
+    data as :func:`events_after` reads it with ``raw_data``. With ``lean``,
+    for an answer that reads nothing of an event but its seq, type and data,
+    the events' id, turn id and time are not read: they are None."""
+    statement = _SESSION_WITH_LEAN_EVENTS if lean else _SESSION_WITH_EVENTS
+    rows = await statement.fetch(conn, id=session_id, tenant=tenant, after=after, limit=limit)
     if not rows:
         return None, []
     if rows[0]["s_id"] is None:
         # PostgreSQL appends a UNION ALL's branches in order; SQL does not
         # promise it. A stable sort keeps the events in theirs.
         rows = sorted(rows, key=lambda r: r["s_id"] is None)
-    return session_from(rows[0], prefix="s_"), [_raw_event(r) for r in rows[1:]]
+    found = session_from(rows[0], prefix="s_")
+    if lean:
+        return found, [_lean_event(r, found.id) for r in rows[1:]]
+    return found, [_raw_event(r) for r in rows[1:]]
 
 
 async def sessions_after(
@@ -283,6 +310,19 @@ def _raw_event(row: Row) -> EventRecord:
         row["type"],
         RawJSON(row["data"]),  # type: ignore[arg-type]
         row["created_at"],
+    )
+
+
+def _lean_event(row: Row, session_id: uuid.UUID) -> EventRecord:
+    # As _raw_event; the id, turn id and time were not read.
+    return EventRecord(
+        None,  # type: ignore[arg-type]
+        session_id,
+        None,
+        row["seq"],
+        row["type"],
+        RawJSON(row["data"]),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
     )
 
 

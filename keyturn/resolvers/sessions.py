@@ -67,11 +67,14 @@ async def get_session_with_events(
     after: str | None = None,
     last: int | None = None,
     before: str | None = None,
+    lean: bool = False,
 ) -> tuple[SessionRecord | None, EventsRead | None]:
     """:func:`get_session`, and the page of its events that ``events(first,
     after, last, before)`` on it asks for, in one round trip when that is a
     forward page. A window that is not, or is not valid, is left to the
-    field (which reads, or answers the mistake, on its own)."""
+    field (which reads, or answers the mistake, on its own). ``lean``: the
+    answer reads nothing of an event but its seq, type and data (its other
+    fields are then not read)."""
     sid = parse_id(session_id)
     if sid is None:
         return None, None
@@ -85,7 +88,7 @@ async def get_session_with_events(
         return await ctx.runtime.reads.session(sid, tenant=ctx.tenant), None
     key = _event_page_key(sid, window)
     found, rows = await ctx.runtime.reads.session_with_events(
-        sid, tenant=ctx.tenant, after=key.cursor, limit=key.limit
+        sid, tenant=ctx.tenant, after=key.cursor, limit=key.limit, lean=lean
     )
     return found, EventsRead(key, rows) if found is not None else None
 

@@ -24,13 +24,14 @@ class Reads:
             return await reads.session(conn, tenant=tenant, session_id=session_id)
 
     async def session_with_events(
-        self, session_id: uuid.UUID, *, tenant: str, after: int, limit: int
+        self, session_id: uuid.UUID, *, tenant: str, after: int, limit: int, lean: bool = False
     ) -> tuple[SessionRecord | None, list[EventRecord]]:
         """:meth:`session` and :meth:`events` in one statement: a page read
-        that asks for both makes one round trip, not two."""
+        that asks for both makes one round trip, not two. ``lean``: see
+        keyturn.db.reads.session_with_events."""
         async with connect(self.engine) as conn:
             return await reads.session_with_events(
-                conn, tenant=tenant, session_id=session_id, after=after, limit=limit
+                conn, tenant=tenant, session_id=session_id, after=after, limit=limit, lean=lean
             )
 
     async def sessions(

@@ -14,7 +14,7 @@ from keyturn.resolvers.context import Context
 
 Info = strawberry.Info[Context, None]
 
-__all__ = ["Context", "Info", "child_arguments", "selects"]
+__all__ = ["Context", "Info", "child_arguments", "child_selects_only", "selects"]
 
 
 def selects(info: Info, name: str) -> bool:
@@ -33,12 +33,9 @@ def selects(info: Info, name: str) -> bool:
     return any(among(field.selections) for field in info.selected_fields)
 
 
-def child_arguments(info: Info, name: str) -> dict[str, Any] | None:
-    """The arguments the field ``name`` of this field's value will be given,
-    for a resolver that can read what that field needs along with its own
-    value: when the document selects ``name`` exactly once, directly (not
-    in a fragment) and with no directive. None otherwise, or when it is not
-    known yet (the field may then read on its own, as it always can)."""
+def _child_node(info: Info, name: str) -> FieldNode | None:
+    # The field ``name`` selected exactly once on this field's value,
+    # directly (not in a fragment) and with no directive.
     raw = info._raw_info
     if len(raw.field_nodes) != 1 or raw.field_nodes[0].selection_set is None:
         return None
@@ -48,6 +45,46 @@ def child_arguments(info: Info, name: str) -> dict[str, Any] | None:
             if found is not None or selection.directives:
                 return None
             found = selection
+    return found
+
+
+def child_selects_only(
+    info: Info, name: str, path: tuple[str, ...], allowed: frozenset[str]
+) -> bool:
+    """Whether the field ``name`` of this field's value (as
+    :func:`child_arguments` finds it) selects, at ``path`` below it (say
+    ``edges``, ``node``), nothing but fields named in ``allowed``. False
+    where it is not known: any fragment on the way or there."""
+    found = _child_node(info, name)
+    if found is None or found.selection_set is None:
+        return False
+
+    def only(selections: Iterable[Any], rest: tuple[str, ...]) -> bool:
+        for selection in selections:
+            if not isinstance(selection, FieldNode):
+                return False  # a spread or inline fragment
+            field = selection.name.value
+            if not rest:
+                if field not in allowed:
+                    return False
+            elif field == rest[0]:
+                if selection.selection_set is None:
+                    return False
+                if not only(selection.selection_set.selections, rest[1:]):
+                    return False
+        return True
+
+    return only(found.selection_set.selections, path)
+
+
+def child_arguments(info: Info, name: str) -> dict[str, Any] | None:
+    """The arguments the field ``name`` of this field's value will be given,
+    for a resolver that can read what that field needs along with its own
+    value: when the document selects ``name`` exactly once, directly (not
+    in a fragment) and with no directive. None otherwise, or when it is not
+    known yet (the field may then read on its own, as it always can)."""
+    raw = info._raw_info
+    found = _child_node(info, name)
     owner = get_named_type(raw.return_type)
     if found is None or not isinstance(owner, GraphQLObjectType):
         return None

@@ -29,7 +29,7 @@ from keyturn.schema.approval import (
     from_decision,
 )
 from keyturn.schema.cancel import CancelTurnInput, CancelTurnResult, from_cancel
-from keyturn.schema.context import Info, child_arguments, selects
+from keyturn.schema.context import Info, child_arguments, child_selects_only, selects
 from keyturn.schema.deletion import DeleteSessionInput, DeleteSessionResult, from_deletion
 from keyturn.schema.enums import History, Multitask
 from keyturn.schema.errors import answers_invalid_input
@@ -46,6 +46,8 @@ from keyturn.schema.types import Event, Node, Session, SessionConnection, Turn, 
 
 # The arguments of Session.events that say which page it is.
 _EVENT_WINDOW = frozenset({"first", "after", "last", "before"})
+# What a page's events may select and still be read without their ids and time.
+_LEAN_EVENT = frozenset({"seq", "type", "data", "__typename"})
 
 
 @strawberry.type
@@ -59,7 +61,10 @@ class Query:
             found = await sessions.get_session(info.context, session_id=id)
             return Session.from_record(found) if found is not None else None
         # The session and the page of events selected on it, in one read.
-        found, read = await sessions.get_session_with_events(info.context, session_id=id, **page)
+        lean = child_selects_only(info, "events", ("edges", "node"), _LEAN_EVENT)
+        found, read = await sessions.get_session_with_events(
+            info.context, session_id=id, lean=lean, **page
+        )
         return Session.from_record(found, events=read) if found is not None else None
 
     @strawberry.field

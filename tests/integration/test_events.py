@@ -102,6 +102,24 @@ def _cursor(seq: int) -> str:
 
 PAGE = """totalCount pageInfo { hasNextPage hasPreviousPage startCursor endCursor }
     edges { cursor node { id seq type turnId sessionId data } }"""
+# Selections of a page, and whether the page may be read without its
+# events' ids and time (only seq, type and data, no fragment on the way).
+SELECTIONS = [
+    (PAGE, False),
+    ("edges { cursor node { seq type data } }", True),
+    (
+        "__typename totalCount pageInfo { endCursor } edges { __typename node { __typename seq } }",
+        True,
+    ),
+    ("edges { cursor node { s: seq t: type d: data createdAt } }", False),
+    ("edges { node { seq } } more: edges { node { turnId } }", False),
+    ("edges { node { seq ... on Event { id } } }", False),
+    ("edges { node { seq ...Ids } }", False),
+    ("edges { ... on EventEdge { node { createdAt } } node { seq } }", False),
+    ("... on EventConnection { edges { node { sessionId } } }", False),
+    ("edges { node { seq data turnId @include(if: true) } }", False),
+]
+FRAGMENTS = "fragment Ids on Event { id turnId sessionId createdAt }"
 
 
 async def test_a_page_read_with_its_session_answers_as_one_read_on_its_own(
@@ -109,16 +127,20 @@ async def test_a_page_read_with_its_session_answers_as_one_read_on_its_own(
 ) -> None:
     """``session(id:) { events(…) }`` reads the session and its page in one
     statement; in a fragment the page is read on its own, after the session.
-    Both answer the same, for every window, valid or not."""
+    Both answer the same, for every window, valid or not, and for every
+    selection, whether it was read lean (without the events' ids and time)
+    or not."""
     sid = await client.create_session()
     for n in range(5):
         r = await client.submit(sid, f"k{n}", "x")
         await client.wait_for_status(r["turn"]["id"], {"COMPLETED"})
     together: list[str] = []
+    leanly: list[bool] = []
     real = reads.session_with_events
 
     async def counted(*args: Any, **kwargs: Any) -> Any:
         together.append(kwargs["session_id"])
+        leanly.append(kwargs.get("lean", False))
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(reads, "session_with_events", counted)
@@ -154,6 +176,25 @@ async def test_a_page_read_with_its_session_answers_as_one_read_on_its_own(
         assert direct == apart, window
     # Forward windows (the valid ones) were read with the session; the rest on their own.
     assert len(together) == 6
+    for selection, lean in SELECTIONS:
+        for window in ("", f'first: 4, after: "{_cursor(8)}"'):
+            args = f"({window})" if window else ""
+            uses = FRAGMENTS if "...Ids" in selection else ""
+            leanly.clear()
+            direct = await client.raw(
+                f"query($id: ID!) {{ session(id: $id) {{ events{args} {{ {selection} }} }} }} "
+                + uses,
+                {"id": sid},
+            )
+            assert leanly == [lean], selection
+            apart = await client.raw(
+                f"query($id: ID!) {{ session(id: $id) {{ "
+                f"... on Session {{ events{args} {{ {selection} }} }} }} }} " + uses,
+                {"id": sid},
+            )
+            assert "errors" not in direct, direct
+            assert direct == apart, selection
+    together.clear()
     # With variables too, and for a session that is not there.
     query = f"""query($id: ID!, $first: Int, $after: String) {{ session(id: $id) {{
         events(first: $first, after: $after) {{ {PAGE} }} }} }}"""
@@ -162,7 +203,7 @@ async def test_a_page_read_with_its_session_answers_as_one_read_on_its_own(
     assert not page["session"]["events"]["pageInfo"]["hasNextPage"]
     gone = await client.execute(query, {"id": str(uuid.uuid4()), "first": 3, "after": None})
     assert gone == {"session": None}
-    assert len(together) == 8
+    assert len(together) == 2
 
 
 async def test_first_over_100_is_an_error_not_a_clamp(client: GraphQLClient) -> None:

@@ -71,13 +71,14 @@ async def record(db: Any) -> dict[str, Any]:
     return {"long": first["id"], "after": (first["created_at"], first["id"])}
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["whole", "lean"])
 @pytest.mark.parametrize("after", [0, 1000, 1900])
 async def test_a_session_read_with_its_page_of_events_reads_both_by_index(
-    db: Any, record: dict[str, Any], after: int
+    db: Any, record: dict[str, Any], after: int, lean: bool
 ) -> None:
     nodes = await _plan(
         db,
-        reads._SESSION_WITH_EVENTS,
+        reads._SESSION_WITH_LEAN_EVENTS if lean else reads._SESSION_WITH_EVENTS,
         id=record["long"],
         tenant="",
         after=after,
