@@ -54,9 +54,14 @@ def child_selects_only(
     """Whether the field ``name`` of this field's value (as
     :func:`child_arguments` finds it) selects, at ``path`` below it (say
     ``edges``, ``node``), nothing but fields named in ``allowed``. False
-    where it is not known: any fragment on the way or there."""
+    where it is not known: any fragment on the way or there, or beside the
+    field (a fragment on this field's value may select ``name`` again, and
+    graphql-core merges the two selections into one field)."""
     found = _child_node(info, name)
     if found is None or found.selection_set is None:
+        return False
+    beside = info._raw_info.field_nodes[0].selection_set
+    if beside is None or not all(isinstance(s, FieldNode) for s in beside.selections):
         return False
 
     def only(selections: Iterable[Any], rest: tuple[str, ...]) -> bool:

@@ -194,6 +194,17 @@ async def test_a_page_read_with_its_session_answers_as_one_read_on_its_own(
             )
             assert "errors" not in direct, direct
             assert direct == apart, selection
+    # A fragment beside the page may select it again: graphql-core merges
+    # the two into one field, whose answer reads the events' ids.
+    merged = "events { edges { node { seq } } } ... on Session { events { edges { node { id } } } }"
+    leanly.clear()
+    direct = await client.raw(f"query($id: ID!) {{ session(id: $id) {{ {merged} }} }}", {"id": sid})
+    assert leanly == [False]
+    apart = await client.raw(
+        f"query($id: ID!) {{ session(id: $id) {{ ... on Session {{ {merged} }} }} }}", {"id": sid}
+    )
+    assert direct == apart
+    assert all(e["node"]["id"] for e in direct["data"]["session"]["events"]["edges"]), direct
     together.clear()
     # With variables too, and for a session that is not there.
     query = f"""query($id: ID!, $first: Int, $after: String) {{ session(id: $id) {{
