@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import subprocess
 import tempfile
 from pathlib import Path
 
 import psutil
 
 from bench import reading
-from bench.load import choose_client
-from bench.rows import progress
+from bench.load import choose_client, run_wrk
+from bench.rows import Measured, progress
 from bench.seed import make_event_session, make_sessions
 from bench.servers import database_server, port_of, start_keyturn, start_peer, target_databases
-from bench.sizes import BENCH, ROOT, parse_args
+from bench.sizes import Config, parse_args
 
 EVENTS = 10_000
 REPLAYED_KEYS = 2_000
@@ -42,14 +40,11 @@ def _cpu_seconds(procs: list[psutil.Process]) -> float:
     return total
 
 
-def _wrk(port: int, script: str, args: list[str], connections: int, seconds: int) -> dict[str, int]:
-    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s"]
-    cmd += ["-s", str(BENCH / script), f"http://127.0.0.1:{port}", "--", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    raw = json.loads([x for x in out.splitlines() if x.startswith("{")][-1])
-    if raw.get("other") or raw.get("errors"):
-        raise SystemExit(f"wrk: answers that were not the expected ones: {raw}")
-    return {k: int(v) for k, v in raw.items() if isinstance(v, int | float)}
+def _wrk(cfg: Config, port: int, script: str, args: list[str], seconds: float) -> Measured:
+    measured = run_wrk(cfg, port, script, args, seconds)
+    if measured["answers"].get("other") or measured["answers"].get("errors"):
+        raise SystemExit(f"wrk: answers that were not the expected ones: {measured['answers']}")
+    return measured
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--database", default="auto", help="auto, embedded or a server URL")
     a = p.parse_args(argv)
-    cfg = parse_args(["--workers", "1", "--database", a.database])
+    cfg = parse_args(
+        ["--workers", "1", "--concurrency", str(a.connections), "--database", a.database]
+    )
     choose_client(cfg)
     mode = "rest" if a.peer else "graphql"
     target = "peer" if a.peer else "keyturn"
@@ -95,15 +92,15 @@ def main(argv: list[str] | None = None) -> int:
             if a.what == "replay":
                 # Keys admitted first, then only those replayed (keys 1..N;
                 # the last few sent may not have been answered).
-                admitted = _wrk(port, script, args, 8, 3)["requests"] // 2
+                admitted = _wrk(cfg, port, script, args, 3)["requests"] // 2
                 args = [*args[:3], str(min(REPLAYED_KEYS, admitted))]
             per: list[float] = []
             for n in range(a.rounds):
                 before = _cpu_seconds(procs)
-                answers = _wrk(port, script, args, a.connections, a.duration)
-                done = answers["requests"]
-                if a.what == "replay" and answers.get("accepted"):
-                    raise SystemExit(f"a replay admitted a new turn: {answers}")
+                measured = _wrk(cfg, port, script, args, a.duration)
+                done = measured["requests"]
+                if a.what == "replay" and measured["answers"].get("accepted"):
+                    raise SystemExit(f"a replay admitted a new turn: {measured['answers']}")
                 if a.what == "new":
                     args = [*args[:2], f"cpu{n + 1}", "0"]  # keys of its own each round
                 per.append((_cpu_seconds(procs) - before) / done * 1000)

@@ -87,16 +87,22 @@ _RAW_EVENTS_BEFORE = Statement(
     f"SELECT {_RAW_EVENT_COLUMNS} FROM events WHERE session_id = :session_id AND seq < :before "
     "ORDER BY seq DESC LIMIT :limit"
 )
+
+
 # A session and the first page of its events after a seq, in one round trip
 # (a page read otherwise costs two: the session under its tenant, then its
 # events): the session's row (its columns prefixed, the event's NULL), then
 # one row per event (the session's columns NULL, not repeated on each).
-_SESSION_WITH_EVENTS = Statement(
-    f"WITH s AS (SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = :id AND tenant = :tenant) "
-    f"(SELECT {columns(Session, alias='s', prefix='s_')}, {_NULL_EVENT} FROM s) UNION ALL "
-    f"(SELECT {_NULL_SESSION}, {_RAW_EVENT_COLUMNS} FROM events "
-    "WHERE session_id = (SELECT id FROM s) AND seq > :after ORDER BY seq LIMIT :limit)"
-)
+def _session_with_events(event_columns: str) -> Statement:
+    return Statement(
+        f"WITH s AS (SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = :id AND tenant = :tenant) "
+        f"(SELECT {columns(Session, alias='s', prefix='s_')}, {_NULL_EVENT} FROM s) UNION ALL "
+        f"(SELECT {_NULL_SESSION}, {event_columns} FROM events "
+        "WHERE session_id = (SELECT id FROM s) AND seq > :after ORDER BY seq LIMIT :limit)"
+    )
+
+
+_SESSION_WITH_EVENTS = _session_with_events(_RAW_EVENT_COLUMNS)
 # The same for a page whose answer reads only each event's seq, type and
 # data: its id, turn and time are not decoded (a page's rows cost half as
 # much to read), and its session is the one in the first row.
@@ -108,12 +114,7 @@ _LEAN_EVENT_COLUMNS = ", ".join(
     else f"NULL AS {name}"
     for name in _EVENT_COLUMNS.split(", ")
 )
-_SESSION_WITH_LEAN_EVENTS = Statement(
-    f"WITH s AS (SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = :id AND tenant = :tenant) "
-    f"(SELECT {columns(Session, alias='s', prefix='s_')}, {_NULL_EVENT} FROM s) UNION ALL "
-    f"(SELECT {_NULL_SESSION}, {_LEAN_EVENT_COLUMNS} FROM events "
-    "WHERE session_id = (SELECT id FROM s) AND seq > :after ORDER BY seq LIMIT :limit)"
-)
+_SESSION_WITH_LEAN_EVENTS = _session_with_events(_LEAN_EVENT_COLUMNS)
 _EVENT = Statement(
     f"SELECT {columns(Event, alias='e')} FROM events e JOIN sessions s ON s.id = e.session_id "
     "WHERE e.id = :id AND s.tenant = :tenant"
