@@ -33,18 +33,23 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from graphql import (
+    DocumentNode,
     ExecutionResult,
     ExperimentalIncrementalExecutionResults,
+    GraphQLError,
     GraphQLLeafType,
     GraphQLNonNull,
     GraphQLObjectType,
     GraphQLOutputType,
     GraphQLResolveInfo,
     GraphQLResolveInfoHelpers,
+    GraphQLSchema,
     OperationType,
+    assert_valid_schema,
     is_leaf_type,
     is_object_type,
 )
+from graphql.execution import Executor, default_field_resolver, default_type_resolver
 from graphql.execution.collect_fields import FieldDetailsList, collect_fields
 from graphql.execution.middleware import MiddlewareManager
 from graphql.language import (
@@ -71,6 +76,7 @@ from keyturn.schema.plans import (
     compile_shape,
     no_charge,
 )
+from keyturn.schema.prepared import Prepared, prepare
 
 _NO_PLAN = object()
 
@@ -206,6 +212,9 @@ class _Planned:
 PLANNED = _Planned()
 # Compiled queries, by the schema and the operation's node.
 OPERATIONS = Plans(limit=1024)
+# Documents' operations prepared for execution (keyturn.schema.prepared), by
+# the schema and the document, then by the operation's name.
+PREPARED = Plans(limit=1024)
 
 
 def _frozen(value: Any) -> Hashable:
@@ -243,6 +252,29 @@ def _weakly_bound(track: Callable[[Sequence[Any]], None]) -> Callable[[Sequence[
 
 
 _ORPHANS: set[asyncio.Future[Any]] = set()
+
+
+def _prepared(
+    schema: GraphQLSchema, document: DocumentNode, operation_name: str | None
+) -> Prepared | None:
+    held = (schema, document)
+    found, by_name = PREPARED.get(held)
+    if not found:
+        # Asserted once here, as graphql-core's build asserts it every time.
+        assert_valid_schema(schema)
+        by_name = {}
+        PREPARED.keep(held, by_name)
+    if operation_name in by_name:
+        return cast(Prepared | None, by_name[operation_name])
+    prepared = prepare(schema, document, operation_name)
+    if len(by_name) < _NAMES_KEPT:  # names are the client's to choose
+        by_name[operation_name] = prepared
+    return prepared
+
+
+# Operation names kept per document: a document rarely holds more than a
+# few operations, and a name that picks none is kept too.
+_NAMES_KEPT = 16
 
 
 class FastLists(StrawberryGraphQLCoreExecutionContext):
@@ -302,6 +334,78 @@ class FastLists(StrawberryGraphQLCoreExecutionContext):
         # What the resolvers a query's plan called gave, by their paths.
         self.outcomes: list[tuple[Path, bool, Any]] = []
         self._plans: dict[tuple[str, int, int], tuple[FieldDetailsList, Any]] = {}
+
+    @classmethod
+    def build(
+        cls,
+        schema: GraphQLSchema,
+        document: DocumentNode,
+        root_value: Any = None,
+        context_value: Any = None,
+        raw_variable_values: dict[str, Any] | None = None,
+        operation_name: str | None = None,
+        field_resolver: Any = None,
+        type_resolver: Any = None,
+        subscribe_field_resolver: Any = None,
+        max_coercion_errors: int = 50,
+        enable_early_execution: bool = False,
+        middleware: Any = None,
+        is_awaitable: Any = None,
+        is_async_iterable: Any = None,
+        hide_suggestions: bool = False,
+        abort_signal: Any = None,
+        hooks: Any = None,
+        **custom_args: Any,
+    ) -> list[GraphQLError] | Executor[Any]:
+        """graphql-core's ``build``, with what it works out from the document
+        alone done once per document (keyturn.schema.prepared). Where the
+        prepared operation does not answer (an error to report, a
+        middleware given), graphql-core's own ``build`` runs."""
+        variables = None
+        prepared = _prepared(schema, document, operation_name) if middleware is None else None
+        if prepared is not None:
+            variables = prepared.variables(raw_variable_values or {})
+        if prepared is None or variables is None:
+            return super().build(
+                schema,
+                document,
+                root_value,
+                context_value,
+                raw_variable_values,
+                operation_name,
+                field_resolver,
+                type_resolver,
+                subscribe_field_resolver,
+                max_coercion_errors,
+                enable_early_execution,
+                middleware,
+                is_awaitable,
+                is_async_iterable,
+                hide_suggestions=hide_suggestions,
+                abort_signal=abort_signal,
+                hooks=hooks,
+                **custom_args,
+            )
+        return cls(
+            schema,
+            prepared.fragment_definitions,
+            prepared.fragments,
+            root_value,
+            context_value,
+            prepared.operation,
+            variables,
+            field_resolver or default_field_resolver,
+            type_resolver or default_type_resolver,
+            subscribe_field_resolver or default_field_resolver,
+            enable_early_execution,
+            None,
+            is_awaitable,
+            is_async_iterable,
+            hide_suggestions=hide_suggestions,
+            abort_signal=abort_signal,
+            hooks=hooks,
+            **custom_args,
+        )
 
     def execute_operation(
         self, serially: bool | None = None
