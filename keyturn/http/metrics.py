@@ -101,12 +101,20 @@ RETENTION_PRUNED = Counter(
 )
 
 
+# ADMISSIONS' child for each outcome, once it has been counted.
+_ADMITTED: dict[str, Counter] = {}
+
+
 class PrometheusStats:
     """The runtime's :class:`~keyturn.runtime.stats.Stats`, fed into this
     process's registry."""
 
     def admitted(self, outcome: str, seconds: float) -> None:
-        ADMISSIONS.labels(outcome).inc()
+        counter = _ADMITTED.get(outcome)
+        if counter is None:
+            # labels() takes the metric's lock and builds its key every call.
+            counter = _ADMITTED[outcome] = ADMISSIONS.labels(outcome)
+        counter.inc()
         ADMISSION_SECONDS.observe(seconds)
 
     def retention_batch(self, *, turns: int, events: int, tombstones: int) -> None:

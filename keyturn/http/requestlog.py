@@ -10,9 +10,9 @@ per HTTP request (logger ``keyturn.http.requestlog``).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
-import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -32,8 +32,10 @@ def _incoming(scope: Scope) -> str | None:
 
 
 def request_id(scope: Scope) -> str:
-    """The request's own id when it sent one that looks like an id, else a new one."""
-    return _incoming(scope) or uuid.uuid4().hex
+    """The request's own id when it sent one that looks like an id, else a new
+    one: 128 random bits in hex, as long as a UUID's hex (a UUID object
+    was a fortieth of a replay's CPU, for bits nothing reads as a UUID)."""
+    return _incoming(scope) or os.urandom(16).hex()
 
 
 class RequestLog:
@@ -60,7 +62,11 @@ class RequestLog:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            if scope["type"] == "http" and scope["path"] not in _QUIET:
+            if (
+                scope["type"] == "http"
+                and scope["path"] not in _QUIET
+                and log.isEnabledFor(logging.INFO)  # the line's fields, only if written
+            ):
                 log.info(
                     "%s %s %s",
                     scope["method"],

@@ -65,27 +65,33 @@ async def admit_turn(
     users' words: logged only with ``log_inputs``."""
     stats = stats or NoStats()
     started = time.perf_counter()
-    extra: dict[str, object] = {
-        "session_id": str(request.session_id),
-        "idempotency_key": request.idempotency_key,
-    }
-    if log_inputs:
-        extra["input"] = request.input
     try:
         admission = await _admit(
             engine=engine, request=request, tenant=tenant, key_retention_s=key_retention_s
         )
     except DatabaseUnavailable:
         stats.admitted("unavailable", time.perf_counter() - started)
-        log.warning("admission unavailable", extra=extra)
+        log.warning("admission unavailable", extra=_fields(request, log_inputs))
         raise
     stats.admitted(admission.outcome.value, time.perf_counter() - started)
-    if admission.turn is not None:
-        extra["turn_id"] = str(admission.turn.id)
-    elif admission.expiry is not None:
-        extra["turn_id"] = str(admission.expiry.turn_id)
-    log.info("admission %s", admission.outcome.value, extra=extra)
+    if log.isEnabledFor(logging.INFO):  # the line's fields, only if written
+        extra = _fields(request, log_inputs)
+        if admission.turn is not None:
+            extra["turn_id"] = str(admission.turn.id)
+        elif admission.expiry is not None:
+            extra["turn_id"] = str(admission.expiry.turn_id)
+        log.info("admission %s", admission.outcome.value, extra=extra)
     return admission
+
+
+def _fields(request: TurnRequest, log_inputs: bool) -> dict[str, object]:
+    extra: dict[str, object] = {
+        "session_id": str(request.session_id),
+        "idempotency_key": request.idempotency_key,
+    }
+    if log_inputs:
+        extra["input"] = request.input
+    return extra
 
 
 def _answer(key: KeyState, fp: str) -> Admission | None:
@@ -116,10 +122,11 @@ async def _admit(
     dies while the statement commits, the outcome is unknown: it is settled by
     reading the key again on a fresh connection, never guessed.
     """
-    turn_id = uuid.uuid4()
+    # Made just before the admission statement is sent: from then on its
+    # outcome must be settled.
+    turn_id: uuid.UUID | None = None
     fp = ""
     multitask = Multitask.ENQUEUE
-    writing = False  # once the admission statement is sent, its outcome must be settled
     try:
         # One pooled connection for the whole admission: a checkout costs
         # about as much as a short statement.
@@ -139,7 +146,7 @@ async def _admit(
             held = _answer(found.key, fp)
             if held is not None:
                 return held
-            writing = True
+            turn_id = uuid.uuid4()
             admitted = await db.insert_turn(
                 conn,
                 tenant=tenant,
@@ -172,7 +179,7 @@ async def _admit(
     except DatabaseBusy:
         raise  # refused before anything committed (keyturn.db.failures.is_busy)
     except DatabaseUnavailable:
-        if not writing:
+        if turn_id is None:
             raise  # nothing was sent that could have written: plainly retryable
         return await _settle_unknown(engine, request, turn_id, fp, key_retention_s)
     answer = _answer(winner, fp)
