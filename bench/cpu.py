@@ -10,7 +10,9 @@ the next.
 
 One server process (``--workers 1``), its CPU (user + system, from the
 kernel's accounting of the process and its children) divided by the
-requests wrk completed, for each of ``--rounds`` rounds."""
+requests wrk completed, for each of ``--rounds`` rounds; beside it the CPU
+of the PostgreSQL backends serving its database (when the database runs on
+this machine), which the statements a request sends cost there."""
 
 from __future__ import annotations
 
@@ -35,9 +37,23 @@ REPLAYED_KEYS = 2_000
 def _cpu_seconds(procs: list[psutil.Process]) -> float:
     total = 0.0
     for p in procs:
-        times = p.cpu_times()
+        try:
+            times = p.cpu_times()
+        except psutil.NoSuchProcess:  # a database backend that has gone
+            continue
         total += times.user + times.system
     return total
+
+
+def _backends(database: str) -> list[psutil.Process]:
+    """The PostgreSQL backends serving ``database`` on this machine (their
+    process titles name it), for the database's share of a request."""
+    found = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        title = " ".join(p.info["cmdline"] or ())
+        if p.info["name"] == "postgres" and f" {database} " in f"{title} ":
+            found.append(p)
+    return found
 
 
 def _wrk(cfg: Config, port: int, script: str, args: list[str], seconds: float) -> Measured:
@@ -95,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
                 admitted = _wrk(cfg, port, script, args, 3)["requests"] // 2
                 args = [*args[:3], str(min(REPLAYED_KEYS, admitted))]
             per: list[float] = []
+            database = url.rsplit("/", 1)[-1].split("?")[0]
+            in_database: list[float] = []
             for n in range(a.rounds):
-                before = _cpu_seconds(procs)
+                backends = _backends(database)
+                before, before_db = _cpu_seconds(procs), _cpu_seconds(backends)
                 measured = _wrk(cfg, port, script, args, a.duration)
                 done = measured["requests"]
                 if a.what == "replay" and measured["answers"].get("accepted"):
@@ -104,11 +123,19 @@ def main(argv: list[str] | None = None) -> int:
                 if a.what == "new":
                     args = [*args[:2], f"cpu{n + 1}", "0"]  # keys of its own each round
                 per.append((_cpu_seconds(procs) - before) / done * 1000)
-                progress(f"{target} {a.what}: {done} requests, {per[-1]:.3f} ms of CPU each")
+                in_database.append((_cpu_seconds(backends) - before_db) / done * 1000)
+                progress(
+                    f"{target} {a.what}: {done} requests, {per[-1]:.3f} ms of CPU each"
+                    f" (and {in_database[-1]:.3f} ms in the database)"
+                )
         finally:
             server.stop()
         per.sort()
-        print(f"{target} {a.what}: median {per[len(per) // 2]:.3f} ms of CPU per request")
+        in_database.sort()
+        print(
+            f"{target} {a.what}: median {per[len(per) // 2]:.3f} ms of CPU per request,"
+            f" {in_database[len(in_database) // 2]:.3f} ms in the database"
+        )
     return 0
 
 

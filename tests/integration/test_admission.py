@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 
+from keyturn.domain import History, Multitask
+from keyturn.runtime.validation import fingerprint
 from tests.support import GraphQLClient, counts, new_key
 
 
@@ -74,6 +77,64 @@ async def test_omitted_history_is_the_same_request_as_the_session_default(
         assert changed["__typename"] == "IdempotencyConflict"
         assert changed["existingTurnId"] == first["turn"]["id"]
         assert (await counts(db, sid))[0] == 1
+
+
+@pytest.mark.parametrize("multitask", [None, "ENQUEUE", "REJECT"])
+@pytest.mark.parametrize("history", [None, "FULL", "NONE"])
+@pytest.mark.parametrize("policy", ["ENQUEUE", "REJECT"])
+@pytest.mark.parametrize("default", ["FULL", "NONE"])
+async def test_a_turn_saves_the_effective_requests_fingerprint_and_started_event(
+    client: GraphQLClient,
+    db: Any,
+    default: str,
+    policy: str,
+    history: str | None,
+    multitask: str | None,
+) -> None:
+    """Whatever the session's defaults and whichever the request spells out,
+    the turn holds the fingerprint of the request with the defaults
+    resolved, and its turn.started says the same; the same request with the
+    defaults spelled out replays it."""
+    created = await client.execute(
+        "mutation($h: HistoryMode, $m: Multitask) {"
+        " createSession(input: {defaultHistory: $h, multitask: $m}) { id } }",
+        {"h": default, "m": policy},
+    )
+    sid = created["createSession"]["id"]
+    payload: dict[str, Any] = {"sessionId": sid, "idempotencyKey": "k", "input": "hi"}
+    if history is not None:
+        payload["history"] = history
+    if multitask is not None:
+        payload["multitask"] = multitask
+    first = (await client.execute(MUTATION, {"input": payload}))["submitTurn"]
+    assert first["__typename"] == "TurnAccepted", first
+    effective = History(history or default)
+    policy_used = multitask or policy
+    row = await db.fetchrow(
+        "SELECT t.fingerprint, t.history, e.data::text AS data FROM turns t"
+        " JOIN events e ON e.turn_id = t.id AND e.type = 'turn.started'"
+        " WHERE t.id = $1::uuid",
+        first["turn"]["id"],
+    )
+    assert row["history"] == effective.value
+    assert row["fingerprint"] == fingerprint(
+        input="hi", history=effective, multitask=Multitask(policy_used)
+    )
+    started = json.loads(row["data"])
+    assert started == {"idempotencyKey": "k", "history": effective.value, "seq": 1} | (
+        {"multitask": policy_used} if policy_used == "REJECT" else {}
+    )
+    spelled = payload | {"history": effective.value, "multitask": policy_used}
+    again = (await client.execute(MUTATION, {"input": spelled}))["submitTurn"]
+    assert again["__typename"] == "TurnReplayed" and again["turn"]["id"] == first["turn"]["id"]
+    assert (await counts(db, sid))[0] == 1
+
+
+MUTATION = """
+mutation($input: SubmitTurnInput!) {
+  submitTurn(input: $input) { __typename ... on TurnAdmission { turn { id } } }
+}
+"""
 
 
 @pytest.mark.parametrize(
