@@ -128,7 +128,10 @@ class Listener:
         backoff = 0.1
         while True:
             try:
-                await asyncio.wait_for(self._lost.wait(), self._health_check_s)
+                # Not wait_for, which on Python 3.11 loses a cancel that lands
+                # as the connection is reported lost (keyturn.runtime.worker).
+                async with asyncio.timeout(self._health_check_s):
+                    await self._lost.wait()
             except TimeoutError:
                 # A half-open TCP connection never reports itself: ask.
                 try:

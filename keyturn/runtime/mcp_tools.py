@@ -277,10 +277,11 @@ class McpServer:
 
     async def _session_for_call(self) -> ClientSession:
         if self._session is None or self._broken.is_set():
-            try:
-                await asyncio.wait_for(self._ready.wait(), self.ready_wait_s)
-            except TimeoutError:
-                pass
+            # Not wait_for, which on Python 3.11 loses a cancel that lands as
+            # the server becomes ready (keyturn.runtime.worker).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.ready_wait_s):
+                    await self._ready.wait()
         session = self._session
         if session is None or not self._ready.is_set():
             why = f": {self.last_error}" if self.last_error else ""

@@ -257,8 +257,12 @@ class Worker:
                 await self._claim()
             except DatabaseUnavailable:
                 log.warning("worker: database unavailable; retrying")
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns
+            # the wake-up when a cancel lands in the same step of the loop,
+            # and the cancel is lost (the loop would never stop).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.claim_poll_s)
+                async with asyncio.timeout(self.settings.claim_poll_s):
+                    await self._wake.wait()
 
     async def _sweep(self) -> None:
         if self._sweep_unknown_since is None:

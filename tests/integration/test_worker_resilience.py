@@ -11,7 +11,11 @@ from typing import Any
 import pytest
 
 from keyturn.db import leases
+from keyturn.db.engine import create_engine
+from keyturn.runtime.bus import EventBus
+from keyturn.runtime.model import FixtureModel
 from keyturn.runtime.tools import SyntheticWrite
+from keyturn.runtime.worker import Worker, WorkerSettings
 from tests.integration.test_tool_ledger import held_at, settled, take_over, turn
 from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_in_process
 
@@ -146,3 +150,37 @@ async def test_a_question_that_times_out_is_asked_again_and_settles(
     finally:
         others_ran.set()
         await client.close()
+
+
+async def test_a_stop_that_arrives_as_the_worker_is_woken_still_stops_it(
+    database_url: str,
+) -> None:
+    """The claim loop waits to be woken or for its poll interval. A cancel
+    that lands in the same moment as a wake-up (a turn ending as the process
+    stops) must end the loop: Python 3.11's ``asyncio.wait_for`` returned
+    the wake-up instead and swallowed the cancel, and the loop ran on."""
+    engine = create_engine(database_url, pool_size=2)
+    worker = Worker(
+        engine=engine,
+        model=FixtureModel(),
+        bus=EventBus(engine, poll_s=1),
+        # A long poll: after its first claim the loop sits in its wait.
+        settings=WorkerSettings(
+            max_running=1, lease_ttl_s=5, lease_renew_s=1, claim_poll_s=30, shutdown_grace_s=1
+        ),
+        owner="w",
+    )
+    task = asyncio.create_task(worker.run())
+    try:
+        for _ in range(3):
+            await asyncio.sleep(0.5)  # past the first sweep and claim, into the wait
+            worker._wake.set()  # the wake-up and the cancel in one step of the loop
+            task.cancel()
+            done, _ = await asyncio.wait([task], timeout=5)
+            assert task in done and task.cancelled(), "the claim loop ran on after its cancel"
+            task = asyncio.create_task(worker.run())
+    finally:
+        task.cancel()
+        await asyncio.wait([task], timeout=5)
+        await worker.stop()
+        await engine.dispose()
