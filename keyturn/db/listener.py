@@ -25,6 +25,7 @@ from typing import Any
 
 from keyturn.db.engine import raw_connect
 from keyturn.db.failures import DRIVER_ERRORS
+from keyturn.waits import set_within
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +128,7 @@ class Listener:
         """Keep the connection: check it, and open it again when it is lost."""
         backoff = 0.1
         while True:
-            try:
-                # Not wait_for, which on Python 3.11 loses a cancel that lands
-                # as the connection is reported lost (keyturn.runtime.worker).
-                async with asyncio.timeout(self._health_check_s):
-                    await self._lost.wait()
-            except TimeoutError:
+            if not await set_within(self._lost, self._health_check_s):
                 # A half-open TCP connection never reports itself: ask.
                 try:
                     async with self._io:

@@ -76,6 +76,7 @@ from keyturn.runtime.tools_file import (
     ToolsFile,
     tool_name,
 )
+from keyturn.waits import set_within
 
 log = logging.getLogger(__name__)
 
@@ -277,11 +278,7 @@ class McpServer:
 
     async def _session_for_call(self) -> ClientSession:
         if self._session is None or self._broken.is_set():
-            # Not wait_for, which on Python 3.11 loses a cancel that lands as
-            # the server becomes ready (keyturn.runtime.worker).
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.ready_wait_s):
-                    await self._ready.wait()
+            await set_within(self._ready, self.ready_wait_s)
         session = self._session
         if session is None or not self._ready.is_set():
             why = f": {self.last_error}" if self.last_error else ""

@@ -42,6 +42,7 @@ from keyturn.runtime.model import Model, PastTurn, ToolOutcome
 from keyturn.runtime.output import DeltaRecorder, Output
 from keyturn.runtime.tool_runner import ToolRunner
 from keyturn.runtime.tools import Tools
+from keyturn.waits import set_within
 
 log = logging.getLogger(__name__)
 
@@ -257,12 +258,7 @@ class Worker:
                 await self._claim()
             except DatabaseUnavailable:
                 log.warning("worker: database unavailable; retrying")
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns
-            # the wake-up when a cancel lands in the same step of the loop,
-            # and the cancel is lost (the loop would never stop).
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.claim_poll_s):
-                    await self._wake.wait()
+            await set_within(self._wake, self.settings.claim_poll_s)
 
     async def _sweep(self) -> None:
         if self._sweep_unknown_since is None:
