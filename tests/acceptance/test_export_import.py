@@ -21,7 +21,7 @@ from keyturn.db.engine import create_engine
 from keyturn.ops import databases
 from keyturn.runtime.auth import create_token
 from tests.acceptance.clirun import clean_env, keyturn, on_a_terminal, one_clean_line
-from tests.support import GraphQLClient, InProcessServer, admin, fast_settings, serve_in_process
+from tests.support import GraphQLClient, InProcessServer, admin, serve_in_process
 from tests.support.recorded import (
     CANCEL,
     DECIDE,
@@ -30,6 +30,7 @@ from tests.support.recorded import (
     Recorded,
     record_decisions,
     record_session,
+    recording_settings,
     rows_of_session,
 )
 
@@ -58,7 +59,7 @@ RETENTION = {"KEYTURN_KEY_RETENTION": "1h", "KEYTURN_TURN_RETENTION": "1d"}
 @pytest.fixture
 async def server(database_url: str) -> AsyncIterator[InProcessServer]:
     """The source Keyturn: unsafe calls wait for approval (decideToolCall)."""
-    async with serve_in_process(database_url, fast_settings(approve_unsafe=True)) as srv:
+    async with serve_in_process(database_url, recording_settings(approve_unsafe=True)) as srv:
         yield srv
 
 

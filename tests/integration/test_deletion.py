@@ -30,7 +30,14 @@ from tests.support import (
     serve_in_process,
     ws_session,
 )
-from tests.support.recorded import CANCEL, DECIDE, RESOLVE, record_session, rows_of_session
+from tests.support.recorded import (
+    CANCEL,
+    DECIDE,
+    RESOLVE,
+    record_session,
+    recording_settings,
+    rows_of_session,
+)
 
 DELETE = """
 mutation($i: DeleteSessionInput!) { deleteSession(input: $i) {
@@ -131,6 +138,13 @@ async def stream_error(ws_url: str, query: str, **variables: Any) -> Any:
                 async for _ in ws.subscribe(request(query, **variables)):
                     pass
     return caught.value.errors[0] if caught.value.errors else None
+
+
+@pytest.fixture
+async def server(database_url: str) -> AsyncIterator[InProcessServer]:
+    """This module's default server: leases long enough for a recorded session."""
+    async with serve_in_process(database_url, recording_settings()) as srv:
+        yield srv
 
 
 async def test_a_deleted_session_leaves_no_row_and_its_key_replays(

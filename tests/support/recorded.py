@@ -11,7 +11,21 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from keyturn.settings import Settings
 from tests.support.client import GraphQLClient
+from tests.support.servers import fast_settings
+
+# The interrupted turn's retry runs its input again, a 3 s sleep: under
+# fast_settings' 3 s lease a renewal held up for a moment on a busy machine
+# would let the sweeper interrupt the retry too. The helper interrupts the
+# first run itself (its lease set in the past), so a long lease costs nothing.
+RECORDING_LEASE_S = 15.0
+
+
+def recording_settings(**overrides: Any) -> Settings:
+    """Settings for a server that :func:`record_session` records on."""
+    return fast_settings(lease_ttl_s=RECORDING_LEASE_S, **overrides)
+
 
 CANCEL = """
 mutation($i: CancelTurnInput!) { cancelTurn(input: $i) {
