@@ -99,6 +99,7 @@ from keyturn.runtime.ledger import (
 from keyturn.runtime.model import Model, PastTurn, Round, ToolOutcome, ToolRequest
 from keyturn.runtime.output import Output
 from keyturn.runtime.tools import Tool, Tools
+from keyturn.waits import within
 
 log = logging.getLogger(__name__)
 
@@ -523,7 +524,7 @@ class ToolRunner:
         beside it when the tool did not answer (see the module's table)."""
         name = plan.request.tool
         try:
-            answer = await asyncio.wait_for(
+            answer = await within(
                 tool.run(plan.request.arguments, effect_key=plan.effect_key),
                 self.tool_timeout_s,
             )
@@ -569,7 +570,7 @@ class ToolRunner:
         Its answer is final (a key found not applied never applies), so it is
         the call's outcome even if the call is still at work."""
         try:
-            return await asyncio.wait_for(tool.applied(plan.effect_key), self.tool_timeout_s)
+            return await within(tool.applied(plan.effect_key), self.tool_timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as error:
@@ -617,9 +618,7 @@ class ToolRunner:
             if tool is None or tool.kind is not ToolKind.IDEMPOTENT:
                 continue
             try:
-                applied = await asyncio.wait_for(
-                    tool.applied(call.effect_key), self.question_timeout_s
-                )
+                applied = await within(tool.applied(call.effect_key), self.question_timeout_s)
             except ToolError as error:
                 # The tool says it cannot tell: asking again would not help.
                 log.warning(
