@@ -43,15 +43,25 @@ SESSION_OF_TURN = """
 # Only the head of a session's queue is claimable, and only while nothing of
 # its session runs or waits. Two ways to find the oldest ready heads:
 #
-# - ``near``: the oldest queued turns (at most _NEAR of them, along
-#   ix_turns_queued_age), each kept if it heads its session and the session
-#   is free. When turns wait across many sessions (one each, say), the oldest
-#   ones are heads and this alone fills the claim, whatever the queue's size.
-# - ``heads``: one ordered pass over every queued turn (DISTINCT ON along
-#   ix_turns_queued), O(queued) rather than O(queued²) as a per-row test would
-#   be in a long queue. Run only when ``near`` found fewer than asked for
-#   (a one-time filter: otherwise it is not executed at all), as when a few
-#   sessions hold long queues.
+# - ``near``: the oldest queued turns (at most _NEAR of them, walked one
+#   index probe at a time along ix_turns_queued_age), each kept if it heads
+#   its session and the session is free. When turns wait across many
+#   sessions (one each, say), the oldest ones are heads and this alone fills
+#   the claim, whatever the queue's size.
+# - ``far``: every session's head, one index probe per session with queued
+#   turns (a skip scan down ix_turns_queued, ``heads``), so O(sessions), not
+#   O(queued). Run only when ``near`` found fewer than asked for (a one-time
+#   filter: otherwise it is not executed at all), as when a few sessions hold
+#   long queues and their oldest turns are all behind a running one.
+#
+# Both walks, and each test of a candidate (a scalar subquery, which the
+# planner does not turn into a join), are index probes by construction, so
+# their cost cannot grow with the queue when the table's statistics lag
+# behind it: planned as joins and a LIMIT, a burst into a table last analyzed
+# when nearly empty read every queued turn per claim, and the claim became
+# most of the database's work. The walk along the age index steps past turns
+# that tie exactly on (created_at, admit_seq); the tied one is still a head
+# ``far`` finds, and the next claim's walk starts from the oldest again.
 #
 # A head locked by another claimer is skipped, never its successor. The
 # partial unique index on RUNNING turns backs this up: if two claimers ever
@@ -66,24 +76,37 @@ _FREE = f"""NOT EXISTS (SELECT 1 FROM turns r
                             AND w.status = {literal(TurnStatus.WAITING)})"""
 _CLAIM = Statement(
     f"""
-    WITH oldest AS (
-        SELECT id, session_id, admit_seq, created_at FROM turns
-        WHERE status = {QUEUED}
-        ORDER BY created_at, admit_seq
-        LIMIT {_NEAR}
+    WITH RECURSIVE oldest AS (
+        (SELECT id, session_id, admit_seq, created_at, 1 AS n FROM turns
+         WHERE status = {QUEUED}
+         ORDER BY created_at, admit_seq
+         LIMIT 1)
+        UNION ALL
+        SELECT x.id, x.session_id, x.admit_seq, x.created_at, o.n + 1 FROM oldest o
+        CROSS JOIN LATERAL (SELECT id, session_id, admit_seq, created_at FROM turns
+                            WHERE status = {QUEUED}
+                              AND (created_at, admit_seq) > (o.created_at, o.admit_seq)
+                            ORDER BY created_at, admit_seq
+                            LIMIT 1) x
+        WHERE o.n < {_NEAR}
     ), near AS (
         SELECT o.id, o.session_id, o.admit_seq, o.created_at FROM oldest o
-        WHERE NOT EXISTS (SELECT 1 FROM turns e
-                          WHERE e.session_id = o.session_id AND e.status = {QUEUED}
-                            AND e.admit_seq < o.admit_seq)
+        WHERE o.admit_seq = (SELECT min(e.admit_seq) FROM turns e
+                             WHERE e.session_id = o.session_id AND e.status = {QUEUED})
           AND {_FREE.format(head="o")}
         ORDER BY o.created_at, o.admit_seq
         LIMIT :limit
     ), heads AS (
-        SELECT DISTINCT ON (session_id) id, session_id, admit_seq, created_at
-        FROM turns
-        WHERE status = {QUEUED}
-        ORDER BY session_id, admit_seq
+        (SELECT id, session_id, admit_seq, created_at FROM turns
+         WHERE status = {QUEUED}
+         ORDER BY session_id, admit_seq
+         LIMIT 1)
+        UNION ALL
+        SELECT n.id, n.session_id, n.admit_seq, n.created_at FROM heads h
+        CROSS JOIN LATERAL (SELECT id, session_id, admit_seq, created_at FROM turns
+                            WHERE status = {QUEUED} AND session_id > h.session_id
+                            ORDER BY session_id, admit_seq
+                            LIMIT 1) n
     ), far AS (
         SELECT h.id, h.session_id, h.admit_seq, h.created_at FROM heads h
         WHERE (SELECT count(*) FROM near) < :limit

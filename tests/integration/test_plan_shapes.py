@@ -166,3 +166,72 @@ async def test_the_tool_calls_of_a_page_of_turns_are_read_through_the_turn_index
     # The turns' other events (their deltas) are dropped in the scan, never sent.
     [scan] = [n for n in nodes if n.get("Index Name") == "ix_events_turn"]
     assert "tool.%" in scan.get("Filter", "") + scan.get("Index Cond", ""), scan
+
+
+# Sixteen sessions each run a turn and hold the oldest 300 queued turns
+# behind it; 48 more hold 60 each, younger. The oldest queued turns are then
+# all behind running ones, so the claim must look past them to the other
+# sessions' heads.
+_BLOCKED_QUEUE = """
+INSERT INTO sessions (id, default_history, tenant, event_seq)
+SELECT gen_random_uuid(), 'NONE', '', 0 FROM generate_series(1, 64);
+WITH s AS (SELECT id, row_number() OVER (ORDER BY id) AS rn FROM sessions)
+INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history, status,
+                   admit_seq, created_at, started_at, owner, epoch, lease_until)
+SELECT gen_random_uuid(), s.id, 'running', 'fp', 'running', 'NONE', 'RUNNING', 1,
+       now() - interval '3 hours', now(), 'another-process', 1, now() + interval '1 hour'
+FROM s WHERE rn <= 16;
+WITH s AS (SELECT id, row_number() OVER (ORDER BY id) AS rn FROM sessions)
+INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history, status,
+                   admit_seq, created_at)
+SELECT gen_random_uuid(), s.id, 'q' || n, 'fp', 'queued', 'NONE', 'QUEUED', 1 + n,
+       CASE WHEN rn <= 16 THEN now() - interval '2 hours' + make_interval(secs => n)
+            ELSE now() - interval '1 hour' + make_interval(mins => rn::int, secs => n) END
+FROM s, generate_series(1, 300) n WHERE rn <= 16 OR n <= 60;
+"""
+
+
+def _rows_read(nodes: list[dict[str, Any]], table: str) -> int:
+    return sum(
+        int(n["Actual Rows"]) * int(n["Actual Loops"])
+        for n in nodes
+        if n.get("Relation Name") == table and "Scan" in n["Node Type"]
+    )
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["never-analyzed", "analyzed"])
+async def test_the_claim_reads_the_heads_of_a_long_queue_not_the_whole_of_it(
+    db: Any, analyzed: bool
+) -> None:
+    """Run, not only planned: the rows the claim reads from turns stay near
+    its candidates and the sessions with queued turns, whatever the queue's
+    length and whether the table's statistics know of it (a burst into a
+    table last analyzed when it was nearly empty is planned on those)."""
+    await db.execute(_BLOCKED_QUEUE)
+    if analyzed:
+        await db.execute("ANALYZE turns")
+    queued = await db.fetchval("SELECT count(*) FROM turns WHERE status = 'QUEUED'")
+    assert queued == 16 * 300 + 48 * 60
+    expected = await db.fetch(
+        "SELECT DISTINCT ON (session_id) id, session_id, created_at FROM turns"
+        " WHERE status = 'QUEUED' AND session_id NOT IN"
+        "   (SELECT session_id FROM turns WHERE status = 'RUNNING')"
+        " ORDER BY session_id, admit_seq"
+    )
+    oldest_free_heads = {r["id"] for r in sorted(expected, key=lambda r: r["created_at"])[:16]}
+    args = [{"owner": "w", "ttl": 10.0, "limit": 16}[n] for n in leases._CLAIM.names]
+    tx = db.transaction()
+    await tx.start()
+    try:
+        raw = await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {leases._CLAIM.sql}", *args)
+    finally:
+        await tx.rollback()
+    tx = db.transaction()
+    await tx.start()
+    try:
+        claimed = {r["id"] for r in await db.fetch(leases._CLAIM.sql, *args)}
+    finally:
+        await tx.rollback()
+    assert claimed == oldest_free_heads
+    read = _rows_read(list(_nodes(json.loads(raw)[0]["Plan"])), "turns")
+    assert read < 1_000, f"the claim read {read} rows of turns for a queue of {queued}"
