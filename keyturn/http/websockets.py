@@ -17,7 +17,7 @@ costs: a subscription's last answer is two frames (``next``, then
 ``complete``), and when a turn ends its thousand listeners are two thousand
 writes, a quarter of the process's time while it delivers them (measured,
 py-spy). Here the frames sent in one pass of the event loop go out in one
-write at its end, in the order they were sent.
+write at its end, in the order they were sent (keyturn.http.transport).
 
 ``keyturn serve`` runs with it (keyturn.ops.serving names it to uvicorn).
 """
@@ -30,6 +30,8 @@ from typing import Any, cast
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request
+
+from keyturn.http.transport import Coalesced
 
 
 class _Inbox:
@@ -104,45 +106,6 @@ class _Flag:
         return True
 
 
-class _Coalesced:
-    """The connection's transport, but what is written in one pass of the
-    event loop goes to the socket in one write, at its end. Closing or
-    aborting sends (or drops) what is pending first, so nothing is
-    reordered; everything else is the transport's own."""
-
-    __slots__ = ("_loop", "_pending", "_transport")
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._pending: list[bytes] | None = None
-
-    def write(self, data: bytes) -> None:
-        if not data:
-            return
-        if self._pending is None:
-            self._pending = [data]
-            self._loop.call_soon(self.flush)
-        else:
-            self._pending.append(data)
-
-    def flush(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending and not self._transport.is_closing():
-            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._pending = None
-        self._transport.abort()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 class WebSockets(WebSocketsSansIOProtocol):
     # Slots for every attribute uvicorn's protocol sets (uvicorn 0.54): it
     # sets 37, past what an instance's shared-key dict holds, so each
@@ -196,7 +159,7 @@ class WebSockets(WebSocketsSansIOProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.transport = _Coalesced(cast(asyncio.Transport, transport), self.loop)  # type: ignore[assignment]
+        self.transport = Coalesced(cast(asyncio.Transport, transport), self.loop)  # type: ignore[assignment]
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)

@@ -228,7 +228,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # zlib context pair per WebSocket (most of an idle subscription's
         # memory) and spend CPU on every frame.
         ws_per_message_deflate=False,
-        # uvicorn's own protocol, keeping less per open connection.
+        # uvicorn's own protocols: a response in one write, and WebSockets
+        # keeping less per open connection.
+        http=serving.HTTP,
         ws=serving.WEBSOCKETS,
         # A WebSocket message is bounded like an HTTP body: a larger one
         # closes the connection (1009) before it is read whole.

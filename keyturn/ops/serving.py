@@ -21,7 +21,9 @@ from types import FrameType
 from typing import Any
 
 APP = "keyturn.http.app:create_app"
-# Named, not imported: uvicorn imports it in each worker (keyturn.http.websockets).
+# Named, not imported: uvicorn imports them in each worker. uvicorn's own
+# protocols, writing less often (keyturn.http.http11, keyturn.http.websockets).
+HTTP = "keyturn.http.http11:HTTP"
 WEBSOCKETS = "keyturn.http.websockets:WebSockets"
 INTERRUPTED = 128 + signal.SIGINT
 

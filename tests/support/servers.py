@@ -14,6 +14,7 @@ import uvicorn
 from starlette.routing import Route
 
 from keyturn.http.app import KeyturnGraphQL, create_app
+from keyturn.ops import serving
 from keyturn.ops.serverproc import ServerProcess, bound_socket, start_server
 from keyturn.settings import Settings
 
@@ -70,7 +71,10 @@ async def serve_in_process(
         port=port,
         log_level="warning",
         lifespan="on",
-        ws_max_size=settings.max_body_bytes,  # as `keyturn serve` sets it
+        # As `keyturn serve` sets them.
+        http=serving.HTTP,
+        ws=serving.WEBSOCKETS,
+        ws_max_size=settings.max_body_bytes,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from keyturn.http.websockets import _Coalesced, _Flag, _Inbox
+from keyturn.http.transport import Coalesced
+from keyturn.http.websockets import _Flag, _Inbox
 
 
 async def test_inbox_hands_messages_over_in_order_and_wakes_its_reader() -> None:
@@ -78,7 +79,7 @@ async def test_frames_sent_in_one_pass_reach_the_socket_in_one_write_in_order() 
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         counting = _Counting(await accepted)
-        out = _Coalesced(counting, asyncio.get_running_loop())  # type: ignore[arg-type]
+        out = Coalesced(counting, asyncio.get_running_loop())  # type: ignore[arg-type]
         out.write(b"next;")
         out.write(b"complete;")
         assert counting.writes == 0  # not before the pass ends
