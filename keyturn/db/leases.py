@@ -94,7 +94,8 @@ _CLAIM = Statement(
         WHERE o.admit_seq = (SELECT min(e.admit_seq) FROM turns e
                              WHERE e.session_id = o.session_id AND e.status = {QUEUED})
           AND {_FREE.format(head="o")}
-        ORDER BY o.created_at, o.admit_seq
+        -- In the walk's order, oldest first, with no sort: the walk stops
+        -- once the claim has its candidates.
         LIMIT :limit
     ), heads AS (
         (SELECT id, session_id, admit_seq, created_at FROM turns
