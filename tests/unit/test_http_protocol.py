@@ -15,28 +15,17 @@ import websockets
 
 from keyturn.http.http11 import HTTP
 from keyturn.ops.serverproc import bound_socket
+from tests.support.transports import Recording
 
 WRITES: list[bytes] = []
 RELEASE: asyncio.Event | None = None
-
-
-class _CountingTransport:
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-
-    def write(self, data: bytes) -> None:
-        WRITES.append(bytes(data))
-        self._transport.write(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 class CountedHTTP(HTTP):
     """The protocol under test, over a transport that records each write."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_CountingTransport(transport))  # type: ignore[arg-type]
+        super().connection_made(Recording(transport, WRITES))  # type: ignore[arg-type]
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

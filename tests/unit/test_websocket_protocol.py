@@ -10,6 +10,7 @@ import pytest
 
 from keyturn.http.transport import Coalesced
 from keyturn.http.websockets import _Flag, _Inbox
+from tests.support.transports import Recording
 
 
 async def test_inbox_hands_messages_over_in_order_and_wakes_its_reader() -> None:
@@ -52,21 +53,6 @@ async def test_flag_releases_every_waiter_when_set_and_holds_them_while_clear() 
     assert await asyncio.wait_for(asyncio.gather(*waiters), 1) == [True, True, True]
 
 
-class _Counting:
-    """A real transport, counting the writes that reach it."""
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
-        self.writes = 0
-
-    def write(self, data: bytes) -> None:
-        self.writes += 1
-        self.transport.write(data)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.transport, name)
-
-
 async def test_frames_sent_in_one_pass_reach_the_socket_in_one_write_in_order() -> None:
     accepted: asyncio.Future[asyncio.Transport] = asyncio.get_running_loop().create_future()
 
@@ -78,16 +64,16 @@ async def test_frames_sent_in_one_pass_reach_the_socket_in_one_write_in_order() 
     port = server.sockets[0].getsockname()[1]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        counting = _Counting(await accepted)
+        counting = Recording(await accepted)
         out = Coalesced(counting, asyncio.get_running_loop())  # type: ignore[arg-type]
         out.write(b"next;")
         out.write(b"complete;")
-        assert counting.writes == 0  # not before the pass ends
+        assert len(counting.writes) == 0  # not before the pass ends
         await asyncio.sleep(0)
-        assert counting.writes == 1
+        assert len(counting.writes) == 1
         out.write(b"later;")
         out.close()  # what is pending goes first, then the close
-        assert counting.writes == 2
+        assert len(counting.writes) == 2
         assert await asyncio.wait_for(reader.read(), 5) == b"next;complete;later;"
     finally:
         writer.close()
