@@ -116,14 +116,15 @@ async def _admit(
 ) -> Admission:
     """Admit ``request`` or say which turn already holds its key.
 
-    A key that already names a turn is answered from one read and writes
-    nothing. Otherwise the single admission statement tries to claim the key;
-    when it loses a race, a separate read finds the winner. If the connection
-    dies while the statement commits, the outcome is unknown: it is settled by
-    reading the key again on a fresh connection, never guessed.
+    One statement reads the key and, when nothing holds it and the policy
+    is ENQUEUE, admits the turn: a key that already names a turn is
+    answered from that read and writes nothing. When the statement loses a
+    race for the key, a separate read finds the winner; REJECT and
+    INTERRUPT admit in a transaction of their own. If the connection dies
+    while a statement that could admit commits, the outcome is unknown: it
+    is settled by reading the key again on a fresh connection, never
+    guessed.
     """
-    # Made just before the admission statement is sent: from then on its
-    # outcome must be settled.
     turn_id: uuid.UUID | None = None
     fp = ""
     multitask = Multitask.ENQUEUE
@@ -131,13 +132,23 @@ async def _admit(
         # One pooled connection for the whole admission: a checkout costs
         # about as much as a short statement.
         async with connect(engine) as conn:
-            found = await db.lookup(
+            # The statement may admit: from the moment it is sent its outcome
+            # must be settled, so the turn's id is made first.
+            turn_id = uuid.uuid4()
+            found, accepted = await db.lookup_or_admit(
                 conn,
                 tenant=tenant,
                 session_id=request.session_id,
                 key=request.idempotency_key,
                 key_retention_s=key_retention_s,
+                turn_id=turn_id,
+                input=request.input,
+                history=request.history,
+                multitask=request.multitask,
+                fingerprints=_enqueue_fingerprints(request),
             )
+            if accepted is not None:
+                return Admission(AdmissionOutcome.ACCEPTED, accepted)
             if not found.session_found:
                 return Admission(AdmissionOutcome.SESSION_NOT_FOUND)
             history = request.effective_history(found.default_history or History.FULL)
@@ -146,7 +157,10 @@ async def _admit(
             held = _answer(found.key, fp)
             if held is not None:
                 return held
-            turn_id = uuid.uuid4()
+            # Nothing held the key as the statement began and the function
+            # admitted nothing: another submission took the key since (the
+            # read of the winner below), or the policy is REJECT or
+            # INTERRUPT, which admit in a transaction of their own.
             admitted = await db.insert_turn(
                 conn,
                 tenant=tenant,
@@ -181,7 +195,7 @@ async def _admit(
     except DatabaseUnavailable:
         if turn_id is None:
             raise  # nothing was sent that could have written: plainly retryable
-        return await _settle_unknown(engine, request, turn_id, fp, key_retention_s)
+        return await _settle_unknown(engine, request, tenant, turn_id, key_retention_s)
     answer = _answer(winner, fp)
     if answer is None and busy is not None:
         return Admission(AdmissionOutcome.BUSY, busy_turn_id=busy)
@@ -201,6 +215,14 @@ async def _admit(
     return answer
 
 
+def _enqueue_fingerprints(request: TurnRequest) -> dict[History, str]:
+    """The request's fingerprint under each history it may take, for
+    admission by the database under ENQUEUE: the one it names, or either
+    the session's default may give."""
+    histories = (request.history,) if request.history is not None else tuple(History)
+    return {h: fingerprint(input=request.input, history=h) for h in histories}
+
+
 def _started_data(key: str, history: History, multitask: Multitask) -> dict[str, object]:
     data: dict[str, object] = {"idempotencyKey": key, "history": history}
     if multitask is not Multitask.ENQUEUE:
@@ -209,25 +231,38 @@ def _started_data(key: str, history: History, multitask: Multitask) -> dict[str,
 
 
 async def _settle_unknown(
-    engine: Engine, request: TurnRequest, turn_id: uuid.UUID, fp: str, key_retention_s: int | None
+    engine: Engine,
+    request: TurnRequest,
+    tenant: str,
+    turn_id: uuid.UUID,
+    key_retention_s: int | None,
 ) -> Admission:
+    """The answer to a statement whose outcome was lost, read from the record
+    on a fresh connection: our turn, or what else holds the key, judged as
+    the statement would have (the session's defaults read again)."""
     log.warning(
         "admission outcome unknown; re-reading key on a fresh connection",
         extra={"session_id": str(request.session_id)},
     )
     try:
         async with connect(engine) as conn:
-            held = await db.key_state(
+            found = await db.lookup(
                 conn,
+                tenant=tenant,
                 session_id=request.session_id,
                 key=request.idempotency_key,
                 key_retention_s=key_retention_s,
             )
     except DatabaseUnavailable:
         raise OutcomeUnknown() from None
+    held = found.key
     if held.existing is not None and held.existing.id == turn_id:
         return Admission(AdmissionOutcome.ACCEPTED, held.existing)
-    answer = _answer(held, fp)
+    if not found.session_found:
+        raise OutcomeUnknown()  # gone since: whether it had admitted is lost with it
+    history = request.effective_history(found.default_history or History.FULL)
+    multitask = request.effective_multitask(found.multitask)
+    answer = _answer(held, fingerprint(input=request.input, history=history, multitask=multitask))
     if answer is None:
         raise OutcomeUnknown()
     return answer

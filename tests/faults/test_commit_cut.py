@@ -24,7 +24,9 @@ from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_i
 
 pytestmark = pytest.mark.slow
 
-ADMISSION = "INSERT INTO turns"
+# The statement that admits a new key: the lookup with the admission
+# beside it (keyturn.db.admission).
+ADMISSION = "keyturn_admit("
 
 
 @pytest.fixture
