@@ -120,9 +120,11 @@ async def test_cancelling_the_only_queued_turn_of_a_session_lets_the_next_one_ru
     client: GraphQLClient,
 ) -> None:
     sid = await client.create_session()
-    # Long enough that a loaded machine still cancels it before it ends.
+    # Long enough that a loaded machine still cancels it before it ends;
+    # the second too: once the first is cancelled, the second may be claimed
+    # before its own cancel arrives, and must still be running then.
     running = (await client.submit(sid, "a", "/sleep 4000"))["turn"]["id"]
-    queued = (await client.submit(sid, "b", "queued"))["turn"]["id"]
+    queued = (await client.submit(sid, "b", "/sleep 4000"))["turn"]["id"]
     await cancel(client, running, "stop-a")
     await cancel(client, queued, "stop-b")
     after = (await client.submit(sid, "c", "after"))["turn"]["id"]
