@@ -193,6 +193,10 @@ async def lookup(
         key=key,
         key_retention_s=_seconds(key_retention_s),
     )
+    return _lookup_from(row)
+
+
+def _lookup_from(row: Row | None) -> AdmissionLookup:
     if row is None:
         return AdmissionLookup(False, None, KeyState(None, None))
     return AdmissionLookup(
@@ -234,15 +238,8 @@ async def lookup_or_admit(
         fp_full=fingerprints.get(History.FULL),
         fp_none=fingerprints.get(History.NONE),
     )
-    if row is None:
-        return AdmissionLookup(False, None, KeyState(None, None)), None
-    found = AdmissionLookup(
-        True,
-        History(row["session_default_history"]),
-        _key_state(row),
-        Multitask(row["session_multitask"]),
-    )
-    return found, (turn_from(row, "a_") if row["a_id"] is not None else None)
+    admitted = turn_from(row, "a_") if row is not None and row["a_id"] is not None else None
+    return _lookup_from(row), admitted
 
 
 def _seconds(retention_s: int | None) -> float | None:

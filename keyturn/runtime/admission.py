@@ -135,6 +135,7 @@ async def _admit(
             # The statement may admit: from the moment it is sent its outcome
             # must be settled, so the turn's id is made first.
             turn_id = uuid.uuid4()
+            enqueue_fps = _enqueue_fingerprints(request)
             found, accepted = await db.lookup_or_admit(
                 conn,
                 tenant=tenant,
@@ -145,7 +146,7 @@ async def _admit(
                 input=request.input,
                 history=request.history,
                 multitask=request.multitask,
-                fingerprints=_enqueue_fingerprints(request),
+                fingerprints=enqueue_fps,
             )
             if accepted is not None:
                 return Admission(AdmissionOutcome.ACCEPTED, accepted)
@@ -153,7 +154,11 @@ async def _admit(
                 return Admission(AdmissionOutcome.SESSION_NOT_FOUND)
             history = request.effective_history(found.default_history or History.FULL)
             multitask = request.effective_multitask(found.multitask)
-            fp = fingerprint(input=request.input, history=history, multitask=multitask)
+            fp = (
+                enqueue_fps[history]  # made for the statement already
+                if multitask is Multitask.ENQUEUE
+                else fingerprint(input=request.input, history=history, multitask=multitask)
+            )
             held = _answer(found.key, fp)
             if held is not None:
                 return held
