@@ -48,7 +48,10 @@ _EXPIRY = f"""
              false) AS t_expired,
     kt.turn_id AS kt_turn_id, kt.ended_at AS kt_ended_at, kt.expired_at AS kt_expired_at,
     (SELECT k.turn_id FROM session_keys k
-     WHERE k.session_id = {{session}} AND k.idempotency_key = :key
+     -- Read only when no turn holds the key: a replay skips the probe (the
+     -- condition on the outer row is a one-time filter ahead of the scan).
+     WHERE t.id IS NULL
+       AND k.session_id = {{session}} AND k.idempotency_key = :key
        AND k.kind <> {keys.TURN}) AS decided_turn_id
 """
 
@@ -65,11 +68,16 @@ _LOOKUP = Statement(
 
 # The lookup, and beside it a new key's admission (the function
 # ``keyturn_admit``, migration 0014): one round trip for a replay and for a
-# new key alike. The function reads before it writes, so a replay locks and
-# writes nothing; it returns the new turn (``a_``), or no row when anything
-# holds the key, the session is missing or the effective multitask policy
-# is not ENQUEUE. The lookup's own columns are read as the statement began:
-# they never show the turn the function inserted.
+# new key alike. The function is called only when the lookup found neither
+# a turn nor a tombstone under the key (a one-time filter on the lateral
+# subquery; OFFSET 0 keeps the planner from flattening it into a join
+# condition, which is checked after each call), so a replay pays for no
+# call. The function reads before it writes as well, so a key taken since
+# the statement began (or by a decision) locks and writes nothing; it
+# returns the new turn (``a_``), or no row when anything holds the key, the
+# session is missing or the effective multitask policy is not ENQUEUE. The
+# lookup's own columns are read as the statement began: they never show
+# the turn the function inserted.
 _LOOKUP_OR_ADMIT = Statement(
     f"""
     SELECT s.default_history AS session_default_history, s.multitask AS session_multitask,
@@ -78,8 +86,12 @@ _LOOKUP_OR_ADMIT = Statement(
     FROM sessions s
     LEFT JOIN turns t ON t.session_id = s.id AND t.idempotency_key = :key
     LEFT JOIN key_tombstones kt ON kt.session_id = s.id AND kt.idempotency_key = :key
-    LEFT JOIN LATERAL keyturn_admit(
-        :tenant, s.id, :key, :turn_id, :input, :history, :multitask, :fp_full, :fp_none
+    LEFT JOIN LATERAL (
+        SELECT * FROM keyturn_admit(
+            :tenant, s.id, :key, :turn_id, :input, :history, :multitask, :fp_full, :fp_none
+        )
+        WHERE t.id IS NULL AND kt.turn_id IS NULL
+        OFFSET 0
     ) a ON true
     WHERE s.id = :session_id AND s.tenant = :tenant
     """
