@@ -1,12 +1,13 @@
 """The admission writes: claim a key, insert the turn, append ``turn.started``.
 
-A submission is one SQL statement in autocommit mode, so one transaction and
-one round trip: the lookup of the session and the key, with a new key's
-admission beside it (``_LOOKUP_OR_ADMIT``). The admission's first insert is
-the key's row in ``session_keys`` (the session's one namespace of keys,
+A submission reads first (``_LOOKUP``: the session, the turn or tombstone
+its key names), so a replay is that one statement and writes nothing. A new
+key is then admitted by one statement in autocommit mode (``_ADMIT``), one
+transaction and one round trip; its first insert is the key's row in
+``session_keys`` (the session's one namespace of keys,
 :mod:`keyturn.db.keys`), whose primary key alone decides which request owns
-a key; a loser's statement returns no new turn and the caller reads the
-winner with a separate statement.
+a key. A loser's statement returns no row and the caller reads the winner
+with a separate statement.
 
 A key also answers from ``key_tombstones`` once the retention sweeper pruned
 its turn, and expires ``key_retention_s`` after its turn ended, judged on the
@@ -62,37 +63,6 @@ _LOOKUP = Statement(
     FROM sessions s
     LEFT JOIN turns t ON t.session_id = s.id AND t.idempotency_key = :key
     LEFT JOIN key_tombstones kt ON kt.session_id = s.id AND kt.idempotency_key = :key
-    WHERE s.id = :session_id AND s.tenant = :tenant
-    """
-)
-
-# The lookup, and beside it a new key's admission (the function
-# ``keyturn_admit``, migration 0014): one round trip for a replay and for a
-# new key alike. The function is called only when the lookup found neither
-# a turn nor a tombstone under the key (a one-time filter on the lateral
-# subquery; OFFSET 0 keeps the planner from flattening it into a join
-# condition, which is checked after each call), so a replay pays for no
-# call. The function reads before it writes as well, so a key taken since
-# the statement began (or by a decision) locks and writes nothing; it
-# returns the new turn (``a_``), or no row when anything holds the key, the
-# session is missing or the effective multitask policy is not ENQUEUE. The
-# lookup's own columns are read as the statement began: they never show
-# the turn the function inserted.
-_LOOKUP_OR_ADMIT = Statement(
-    f"""
-    SELECT s.default_history AS session_default_history, s.multitask AS session_multitask,
-           {columns(Turn, alias="t", prefix="t_")}, {_EXPIRY.format(session="s.id")},
-           {columns(Turn, alias="a", prefix="a_")}
-    FROM sessions s
-    LEFT JOIN turns t ON t.session_id = s.id AND t.idempotency_key = :key
-    LEFT JOIN key_tombstones kt ON kt.session_id = s.id AND kt.idempotency_key = :key
-    LEFT JOIN LATERAL (
-        SELECT * FROM keyturn_admit(
-            :tenant, s.id, :key, :turn_id, :input, :history, :multitask, :fp_full, :fp_none
-        )
-        WHERE t.id IS NULL AND kt.turn_id IS NULL
-        OFFSET 0
-    ) a ON true
     WHERE s.id = :session_id AND s.tenant = :tenant
     """
 )
@@ -217,41 +187,6 @@ def _lookup_from(row: Row | None) -> AdmissionLookup:
         _key_state(row),
         Multitask(row["session_multitask"]),
     )
-
-
-async def lookup_or_admit(
-    conn: Conn,
-    *,
-    tenant: str,
-    session_id: uuid.UUID,
-    key: str,
-    key_retention_s: int | None,
-    turn_id: uuid.UUID,
-    input: str,
-    history: History | None,
-    multitask: Multitask | None,
-    fingerprints: dict[History, str],
-) -> tuple[AdmissionLookup, TurnRecord | None]:
-    """What :func:`lookup` reads, and the turn admitted under ``turn_id``
-    when the key was new and the effective policy ENQUEUE (else None).
-    ``history`` and ``multitask`` are the request's (None: the session's);
-    ``fingerprints`` the request's fingerprint under each history it may
-    take (ENQUEUE's)."""
-    row = await _LOOKUP_OR_ADMIT.fetchrow(
-        conn,
-        tenant=tenant,
-        session_id=session_id,
-        key=key,
-        key_retention_s=_seconds(key_retention_s),
-        turn_id=turn_id,
-        input=input,
-        history=history.value if history is not None else None,
-        multitask=multitask.value if multitask is not None else None,
-        fp_full=fingerprints.get(History.FULL),
-        fp_none=fingerprints.get(History.NONE),
-    )
-    admitted = turn_from(row, "a_") if row is not None and row["a_id"] is not None else None
-    return _lookup_from(row), admitted
 
 
 def _seconds(retention_s: int | None) -> float | None:

@@ -116,15 +116,16 @@ async def _admit(
 ) -> Admission:
     """Admit ``request`` or say which turn already holds its key.
 
-    One statement reads the key and, when nothing holds it and the policy
-    is ENQUEUE, admits the turn: a key that already names a turn is
-    answered from that read and writes nothing. When the statement loses a
-    race for the key, a separate read finds the winner; REJECT and
-    INTERRUPT admit in a transaction of their own. If the connection dies
-    while a statement that could admit commits, the outcome is unknown: it
-    is settled by reading the key again on a fresh connection, never
-    guessed.
+    A key that already names a turn is answered from one read (the lookup)
+    and writes nothing: a replay is that one statement. Otherwise the
+    admission statement tries to claim the key (ENQUEUE; REJECT and
+    INTERRUPT in a transaction of their own); when it loses a race, a
+    separate read finds the winner. If the connection dies while the
+    statement commits, the outcome is unknown: it is settled by reading the
+    key again on a fresh connection, never guessed.
     """
+    # Made just before the admission statement is sent: from then on its
+    # outcome must be settled.
     turn_id: uuid.UUID | None = None
     fp = ""
     multitask = Multitask.ENQUEUE
@@ -132,40 +133,22 @@ async def _admit(
         # One pooled connection for the whole admission: a checkout costs
         # about as much as a short statement.
         async with connect(engine) as conn:
-            # The statement may admit: from the moment it is sent its outcome
-            # must be settled, so the turn's id is made first.
-            turn_id = uuid.uuid4()
-            enqueue_fps = _enqueue_fingerprints(request)
-            found, accepted = await db.lookup_or_admit(
+            found = await db.lookup(
                 conn,
                 tenant=tenant,
                 session_id=request.session_id,
                 key=request.idempotency_key,
                 key_retention_s=key_retention_s,
-                turn_id=turn_id,
-                input=request.input,
-                history=request.history,
-                multitask=request.multitask,
-                fingerprints=enqueue_fps,
             )
-            if accepted is not None:
-                return Admission(AdmissionOutcome.ACCEPTED, accepted)
             if not found.session_found:
                 return Admission(AdmissionOutcome.SESSION_NOT_FOUND)
             history = request.effective_history(found.default_history or History.FULL)
             multitask = request.effective_multitask(found.multitask)
-            fp = (
-                enqueue_fps[history]  # made for the statement already
-                if multitask is Multitask.ENQUEUE
-                else fingerprint(input=request.input, history=history, multitask=multitask)
-            )
+            fp = fingerprint(input=request.input, history=history, multitask=multitask)
             held = _answer(found.key, fp)
             if held is not None:
                 return held
-            # Nothing held the key as the statement began and the function
-            # admitted nothing: another submission took the key since (the
-            # read of the winner below), or the policy is REJECT or
-            # INTERRUPT, which admit in a transaction of their own.
+            turn_id = uuid.uuid4()
             admitted = await db.insert_turn(
                 conn,
                 tenant=tenant,
@@ -218,14 +201,6 @@ async def _admit(
         # session itself must be gone.
         return Admission(AdmissionOutcome.SESSION_NOT_FOUND)
     return answer
-
-
-def _enqueue_fingerprints(request: TurnRequest) -> dict[History, str]:
-    """The request's fingerprint under each history it may take, for
-    admission by the database under ENQUEUE: the one it names, or either
-    the session's default may give."""
-    histories = (request.history,) if request.history is not None else tuple(History)
-    return {h: fingerprint(input=request.input, history=h) for h in histories}
 
 
 def _started_data(key: str, history: History, multitask: Multitask) -> dict[str, object]:

@@ -24,9 +24,8 @@ from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_i
 
 pytestmark = pytest.mark.slow
 
-# The statement that admits a new key: the lookup with the admission
-# beside it (keyturn.db.admission).
-ADMISSION = "keyturn_admit("
+# The statement that admits a new key (keyturn.db.admission._ADMIT).
+ADMISSION = "INSERT INTO turns"
 
 
 @pytest.fixture
