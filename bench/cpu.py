@@ -8,16 +8,19 @@ the next.
     python -m bench.cpu new       # Keyturn: submitTurn, new keys (turns run too)
     python -m bench.cpu page --peer
 
-One server process (``--workers 1``), its CPU (user + system, from the
-kernel's accounting of the process and its children) divided by the
-requests wrk completed, for each of ``--rounds`` rounds; beside it the CPU
-of the PostgreSQL backends serving its database (when the database runs on
-this machine), which the statements a request sends cost there."""
+One server process (``--workers 1``, or as many as ``--workers`` says), its
+CPU (user + system, from the kernel's accounting of the process and its
+children) divided by the requests wrk completed, for each of ``--rounds``
+rounds; beside it the CPU of the PostgreSQL backends serving its database
+(when the database runs on this machine), which the statements a request
+sends cost there, the client's (wrk's) and the share of the machine's CPU
+time left idle: what a throughput ratio of ``make bench`` is made of."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import tempfile
 from pathlib import Path
 
@@ -56,6 +59,19 @@ def _backends(database: str) -> list[psutil.Process]:
     return found
 
 
+def _client_seconds() -> float:
+    """CPU of this process's children that have ended: wrk's, once it has."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def _idle_share() -> tuple[float, float]:
+    """(idle, all) jiffies of the machine so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [float(x) for x in f.readline().split()[1:]]
+    return fields[3] + fields[4], sum(fields)  # idle + iowait
+
+
 def _wrk(cfg: Config, port: int, script: str, args: list[str], seconds: float) -> Measured:
     measured = run_wrk(cfg, port, script, args, seconds)
     if measured["answers"].get("other") or measured["answers"].get("errors"):
@@ -70,10 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=int, default=8, help="seconds per round")
     p.add_argument("--connections", type=int, default=32)
+    p.add_argument("--workers", type=int, default=1, help="server processes")
     p.add_argument("--database", default="auto", help="auto, embedded or a server URL")
     a = p.parse_args(argv)
     cfg = parse_args(
-        ["--workers", "1", "--concurrency", str(a.connections), "--database", a.database]
+        ["--workers", str(a.workers), "--concurrency", str(a.connections), "--database", a.database]
     )
     choose_client(cfg)
     mode = "rest" if a.peer else "graphql"
@@ -116,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
             for n in range(a.rounds):
                 backends = _backends(database)
                 before, before_db = _cpu_seconds(procs), _cpu_seconds(backends)
+                before_client, (idle0, all0) = _client_seconds(), _idle_share()
                 measured = _wrk(cfg, port, script, args, a.duration)
                 done = measured["requests"]
+                client = (_client_seconds() - before_client) / done * 1000
+                idle1, all1 = _idle_share()
+                idle = (idle1 - idle0) / max(1.0, all1 - all0)
                 if a.what == "replay" and measured["answers"].get("accepted"):
                     raise SystemExit(f"a replay admitted a new turn: {measured['answers']}")
                 if a.what == "new":
@@ -126,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 in_database.append((_cpu_seconds(backends) - before_db) / done * 1000)
                 progress(
                     f"{target} {a.what}: {done} requests, {per[-1]:.3f} ms of CPU each"
-                    f" (and {in_database[-1]:.3f} ms in the database)"
+                    f" (and {in_database[-1]:.3f} ms in the database, {client:.3f} ms"
+                    f" in the client; {idle:.0%} of the machine idle)"
                 )
         finally:
             server.stop()
