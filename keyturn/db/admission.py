@@ -1,13 +1,13 @@
 """The admission writes: claim a key, insert the turn, append ``turn.started``.
 
 A submission reads first (``_LOOKUP``: the session, the turn or tombstone
-its key names), so a replay is that one statement and writes nothing. A new
-key is then admitted by one statement in autocommit mode (``_ADMIT``), one
-transaction and one round trip; its first insert is the key's row in
-``session_keys`` (the session's one namespace of keys,
-:mod:`keyturn.db.keys`), whose primary key alone decides which request owns
-a key. A loser's statement returns no row and the caller reads the winner
-with a separate statement.
+its key names), so a replay is that one statement and writes nothing. New
+keys are then admitted by one statement in autocommit mode (``_ADMIT``), one
+transaction and one round trip for as many as arrive together; its first
+insert is each key's row in ``session_keys`` (the session's one namespace
+of keys, :mod:`keyturn.db.keys`), whose primary key alone decides which
+request owns a key. A loser's row is not admitted and the caller reads the
+winner with a separate statement.
 
 A key also answers from ``key_tombstones`` once the retention sweeper pruned
 its turn, and expires ``key_retention_s`` after its turn ended, judged on the
@@ -17,6 +17,7 @@ database clock by every read here: correctness never waits for the sweeper.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,7 +27,7 @@ import orjson
 from keyturn.db import cancels, keys
 from keyturn.db.engine import Conn
 from keyturn.db.records import Row, TurnRecord, turn_from
-from keyturn.db.sql import Statement, append_event, columns, literal, literals
+from keyturn.db.sql import Statement, columns, literal, literals
 from keyturn.db.tables import Turn
 from keyturn.domain import (
     ACTIVE_STATUSES,
@@ -67,47 +68,68 @@ _LOOKUP = Statement(
     """
 )
 
-# The session row is locked first (FOR UPDATE), so concurrent admissions to one
-# session queue on it and each reads the counter its predecessor committed: seq
-# stays gapless and in commit order. Then the key (``k``): one namespace of keys
-# per session (keyturn.db.keys), judged by its primary key against what is
-# committed. A key any request holds (a pruned turn's too, until its tombstone
-# is forgotten) inserts nothing, so the later CTEs see no row, insert no turn,
-# bump nothing and append nothing.
+# New keys, one row of ``x`` each: the statement a lone submission sends,
+# and the one concurrent submissions share (keyturn.runtime.admitter).
+# Their sessions are locked first (FOR UPDATE), in id order, so concurrent
+# admissions to a session queue on its row and each reads the counter its
+# predecessor committed (seq stays gapless and in commit order), and two
+# statements that lock several sessions cannot deadlock. Then each key
+# (``k``): one namespace of keys per session (keyturn.db.keys), judged by its
+# primary key against what is committed, and against the rows before it in
+# the same statement. A key any request holds (a pruned turn's too, until
+# its tombstone is forgotten) inserts nothing, so that row gets no turn, no
+# seq and no event. The admitted rows of a session take the seqs after its
+# counter in the order given, and the counter moves past the last of them.
 _ADMIT = Statement(
     f"""
-    WITH s AS (
-        SELECT id, event_seq FROM sessions
-        WHERE id = :session_id AND tenant = :tenant FOR UPDATE
+    WITH x AS (
+        SELECT * FROM unnest(
+            CAST(:turn_ids AS uuid[]), CAST(:session_ids AS uuid[]), CAST(:tenants AS text[]),
+            CAST(:keys AS text[]), CAST(:fingerprints AS text[]), CAST(:inputs AS text[]),
+            CAST(:histories AS text[]), CAST(:datas AS jsonb[]), CAST(:rejects AS boolean[])
+        ) WITH ORDINALITY
+          AS x(turn_id, session_id, tenant, key, fingerprint, input, history, data, reject, n)
+    ), s AS (
+        SELECT id, tenant, event_seq FROM sessions
+        WHERE id IN (SELECT session_id FROM x)
+        ORDER BY id
+        FOR UPDATE
     ), k AS (
         INSERT INTO session_keys (session_id, idempotency_key, kind, turn_id)
-        SELECT s.id, :key, {keys.TURN}, :turn_id
-        FROM s
+        SELECT x.session_id, x.key, {keys.TURN}, x.turn_id
+        FROM x JOIN s ON s.id = x.session_id AND s.tenant = x.tenant
         -- multitask REJECT: nothing of the session may be queued or running.
         -- Sent after the session row is locked, in the same transaction
         -- (insert_turn), so this reads what the lock now guards.
-        WHERE NOT CAST(:reject AS boolean)
+        WHERE NOT x.reject
            OR NOT EXISTS (SELECT 1 FROM turns b
                           WHERE b.session_id = s.id
                             AND b.status IN ({literals(ACTIVE_STATUSES)}))
+        ORDER BY x.n
         ON CONFLICT DO NOTHING
-        RETURNING session_id
+        RETURNING turn_id
+    ), a AS (
+        SELECT x.*, s.event_seq + row_number() OVER (PARTITION BY x.session_id ORDER BY x.n)
+                    AS admit_seq
+        FROM x JOIN k ON k.turn_id = x.turn_id JOIN s ON s.id = x.session_id
     ), ins AS (
         INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history,
                            status, admit_seq)
-        SELECT :turn_id, s.id, :key, :fingerprint, :input, :history,
-               {literal(TurnStatus.QUEUED)}, s.event_seq + 1
-        FROM s JOIN k ON k.session_id = s.id
+        SELECT turn_id, session_id, key, fingerprint, input, history,
+               {literal(TurnStatus.QUEUED)}, admit_seq
+        FROM a
         RETURNING {columns(Turn)}
-    ), {
-        append_event(
-            "ins",
-            type=literal(EventType.TURN_STARTED),
-            data="CAST(:data AS jsonb) || jsonb_build_object('seq', ins.admit_seq)",
-            next_seq="ins.admit_seq",
-        )
-    }
-    SELECT ins.* FROM ins, ev
+    ), bump AS (
+        UPDATE sessions SET event_seq = m.last
+        FROM (SELECT session_id, max(admit_seq) AS last FROM a GROUP BY session_id) m
+        WHERE sessions.id = m.session_id
+    ), ev AS (
+        INSERT INTO events (session_id, turn_id, seq, type, data)
+        SELECT session_id, turn_id, admit_seq, {literal(EventType.TURN_STARTED)},
+               data || jsonb_build_object('seq', admit_seq)
+        FROM a
+    )
+    SELECT * FROM ins
     """
 )
 
@@ -193,54 +215,66 @@ def _seconds(retention_s: int | None) -> float | None:
     return float(retention_s) if retention_s is not None else None
 
 
-async def insert_turn(
-    conn: Conn,
-    *,
-    tenant: str,
-    turn_id: uuid.UUID,
-    session_id: uuid.UUID,
-    key: str,
-    fingerprint: str,
-    input: str,
-    history: History,
-    data: dict[str, Any],
-    multitask: Multitask = Multitask.ENQUEUE,
-) -> Admitted:
-    """The new turn, or None when another submission already owns the key
-    (or the session vanished, or, under multitask REJECT, it is busy).
+@dataclass(frozen=True, slots=True)
+class NewTurn:
+    """A new key's turn, as :func:`admit_many` writes it."""
 
-    ENQUEUE is the one statement. REJECT and INTERRUPT lock the session row
-    first, in a transaction, so that the statement's reads of the session's
-    turns come after the lock (a statement's own reads see the moment it
-    started, not the moment its lock was granted); INTERRUPT then cancels
-    what is queued or running, in the same transaction."""
-    params: dict[str, Any] = {
-        "tenant": tenant,
-        "turn_id": turn_id,
-        "session_id": session_id,
-        "key": key,
-        "fingerprint": fingerprint,
-        "input": input,
-        "history": history,
-        "data": orjson.dumps(data).decode(),
-        "reject": multitask is Multitask.REJECT,
-    }
-    if multitask is Multitask.ENQUEUE:
-        row = await _ADMIT.fetchrow(conn, **params)
-        return Admitted(turn_from(row) if row is not None else None)
+    turn_id: uuid.UUID
+    tenant: str
+    session_id: uuid.UUID
+    key: str
+    fingerprint: str
+    input: str
+    history: History
+    data: dict[str, Any]  # turn.started's, without its seq
+
+
+async def admit_many(
+    conn: Conn, new: Sequence[NewTurn], *, reject: bool = False
+) -> dict[uuid.UUID, TurnRecord]:
+    """The turns admitted, by id, in one statement: a row whose key another
+    request already holds (or whose session is gone, or busy under
+    ``reject``) is not among them."""
+    rows = await _ADMIT.fetch(
+        conn,
+        turn_ids=[n.turn_id for n in new],
+        session_ids=[n.session_id for n in new],
+        tenants=[n.tenant for n in new],
+        keys=[n.key for n in new],
+        fingerprints=[n.fingerprint for n in new],
+        inputs=[n.input for n in new],
+        histories=[n.history.value for n in new],
+        datas=[orjson.dumps(n.data).decode() for n in new],
+        rejects=[reject] * len(new),
+    )
+    return {turn.id: turn for turn in map(turn_from, rows)}
+
+
+async def insert_turn(conn: Conn, new: NewTurn, *, multitask: Multitask) -> Admitted:
+    """The new turn under REJECT or INTERRUPT, or None when another
+    submission already owns the key (or the session vanished, or, under
+    REJECT, it is busy). ENQUEUE's turns are admitted by :func:`admit_many`
+    alone (keyturn.runtime.admitter).
+
+    The session row is locked first, in a transaction, so that the
+    statement's reads of the session's turns come after the lock (a
+    statement's own reads see the moment it started, not the moment its lock
+    was granted); INTERRUPT then cancels what is queued or running, in the
+    same transaction."""
     async with conn.driver.transaction():
-        if await _LOCK_SESSION.fetchrow(conn, session_id=session_id, tenant=tenant) is None:
+        if await _LOCK_SESSION.fetchrow(conn, session_id=new.session_id, tenant=new.tenant) is None:
             return Admitted(None)
-        row = await _ADMIT.fetchrow(conn, **params)
-        if row is None:
+        turn = (await admit_many(conn, [new], reject=multitask is Multitask.REJECT)).get(
+            new.turn_id
+        )
+        if turn is None:
             return Admitted(None)
-        turn = turn_from(row)
         cancelled: list[TurnRecord] = []
         if multitask is Multitask.INTERRUPT:
             cancelled = await cancels.cancel_active(
                 conn,
-                tenant=tenant,
-                session_id=session_id,
+                tenant=new.tenant,
+                session_id=new.session_id,
                 except_id=turn.id,
                 reason=f"interrupted by turn {turn.id} (multitask INTERRUPT)",
             )

@@ -15,6 +15,7 @@ from keyturn.db.engine import Engine, connect
 from keyturn.db.records import TurnRecord
 from keyturn.domain import History, Multitask
 from keyturn.errors import DatabaseBusy, DatabaseUnavailable, OutcomeUnknown
+from keyturn.runtime.admitter import Admitter
 from keyturn.runtime.stats import NoStats, Stats
 from keyturn.runtime.validation import TurnRequest, fingerprint
 
@@ -60,14 +61,21 @@ async def admit_turn(
     stats: Stats | None = None,
     log_inputs: bool = False,
     key_retention_s: int | None = None,
+    admitter: Admitter | None = None,
 ) -> Admission:
     """Admit ``request`` (see ``_admit``), counted and logged. Inputs are the
-    users' words: logged only with ``log_inputs``."""
+    users' words: logged only with ``log_inputs``. New keys go out through
+    ``admitter`` (the process's, which shares statements among concurrent
+    submissions), or one made for this submission alone."""
     stats = stats or NoStats()
     started = time.perf_counter()
     try:
         admission = await _admit(
-            engine=engine, request=request, tenant=tenant, key_retention_s=key_retention_s
+            engine=engine,
+            admitter=admitter,
+            request=request,
+            tenant=tenant,
+            key_retention_s=key_retention_s,
         )
     except DatabaseUnavailable:
         stats.admitted("unavailable", time.perf_counter() - started)
@@ -109,6 +117,7 @@ def _answer(key: KeyState, fp: str) -> Admission | None:
 async def _admit(
     *,
     engine: Engine,
+    admitter: Admitter | None,
     request: TurnRequest,
     tenant: str,
     key_retention_s: int | None,
@@ -118,20 +127,19 @@ async def _admit(
 
     A key that already names a turn is answered from one read (the lookup)
     and writes nothing: a replay is that one statement. Otherwise the
-    admission statement tries to claim the key (ENQUEUE; REJECT and
-    INTERRUPT in a transaction of their own); when it loses a race, a
+    admission statement tries to claim the key: under ENQUEUE the one the
+    ``admitter`` sends for every new key that arrives together, under REJECT
+    and INTERRUPT one in a transaction of its own. When it loses a race, a
     separate read finds the winner. If the connection dies while the
     statement commits, the outcome is unknown: it is settled by reading the
     key again on a fresh connection, never guessed.
     """
-    # Made just before the admission statement is sent: from then on its
+    # Set just before the admission statement is sent: from then on its
     # outcome must be settled.
     turn_id: uuid.UUID | None = None
     fp = ""
     multitask = Multitask.ENQUEUE
     try:
-        # One pooled connection for the whole admission: a checkout costs
-        # about as much as a short statement.
         async with connect(engine) as conn:
             found = await db.lookup(
                 conn,
@@ -148,25 +156,29 @@ async def _admit(
             held = _answer(found.key, fp)
             if held is not None:
                 return held
-            turn_id = uuid.uuid4()
-            admitted = await db.insert_turn(
-                conn,
+            new = db.NewTurn(
+                turn_id=uuid.uuid4(),
                 tenant=tenant,
-                turn_id=turn_id,
                 session_id=request.session_id,
                 key=request.idempotency_key,
                 fingerprint=fp,
                 input=request.input,
                 history=history,
                 data=_started_data(request.idempotency_key, history, multitask),
-                multitask=multitask,
             )
-            if admitted.turn is not None:
-                return Admission(
-                    AdmissionOutcome.ACCEPTED, admitted.turn, cancelled=admitted.cancelled
-                )
-            # Another submission won the key, or a tombstone holds it, or
-            # (REJECT) the session is busy.
+            if multitask is not Multitask.ENQUEUE:
+                turn_id = new.turn_id
+                admitted = await db.insert_turn(conn, new, multitask=multitask)
+        if multitask is Multitask.ENQUEUE:
+            # On the admitter's connection, with whatever else is new: this
+            # one is back in the pool while the statement is waited for.
+            turn_id = new.turn_id
+            admitted = db.Admitted(await (admitter or Admitter(engine)).admit(new))
+        if admitted.turn is not None:
+            return Admission(AdmissionOutcome.ACCEPTED, admitted.turn, cancelled=admitted.cancelled)
+        # Another submission won the key, or a tombstone holds it, or
+        # (REJECT) the session is busy.
+        async with connect(engine) as conn:
             winner = await db.key_state(
                 conn,
                 session_id=request.session_id,
@@ -191,6 +203,7 @@ async def _admit(
         # The busy turn ended between the statement and the read: admit again.
         return await _admit(
             engine=engine,
+            admitter=admitter,
             request=request,
             tenant=tenant,
             key_retention_s=key_retention_s,

@@ -22,6 +22,7 @@ from keyturn.domain import History, Multitask, TurnStatus
 from keyturn.errors import ShuttingDown
 from keyturn.runtime import streams
 from keyturn.runtime.admission import Admission, AdmissionOutcome, admit_turn
+from keyturn.runtime.admitter import Admitter
 from keyturn.runtime.approval import (
     ApprovalPolicy,
     DecisionOutcome,
@@ -111,6 +112,8 @@ class Runtime:
             pool_timeout=settings.pool_timeout_s,
             per_tenant=False,
         )
+        # New keys' turns, admitted together when they arrive together.
+        self.admitter = Admitter(self.engine)
         self.model = model or build_model(settings)
         # The builtin tools now; those of Python entry points and MCP servers
         # join them at start, before any turn runs.
@@ -247,6 +250,7 @@ class Runtime:
             stats=self.stats,
             log_inputs=self.settings.log_inputs,
             key_retention_s=self.settings.key_retention,
+            admitter=self.admitter,
         )
         if admission.outcome is AdmissionOutcome.ACCEPTED:
             self.bus.committed(request.session_id)

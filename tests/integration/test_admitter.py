@@ -1,0 +1,127 @@
+"""New keys admitted together (keyturn.runtime.admitter): submissions that
+arrive together share a statement and its commit, and each is judged as if
+it had come alone: one turn per key, gapless seqs per session in the order
+admitted, the race's losers told who won, and a row the database refuses
+failing only its own caller."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from keyturn.db.admission import NewTurn
+from keyturn.db.engine import Engine, create_engine
+from keyturn.domain import History
+from keyturn.runtime.admission import AdmissionOutcome, admit_turn
+from keyturn.runtime.admitter import Admitter
+from keyturn.runtime.validation import TurnRequest, fingerprint
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[Engine]:
+    e = create_engine(database_url, pool_size=4)
+    yield e
+    await e.dispose()
+
+
+async def _sessions(db: Any, n: int) -> list[uuid.UUID]:
+    ids = [uuid.uuid4() for _ in range(n)]
+    for sid in ids:
+        await db.execute("INSERT INTO sessions (id, default_history) VALUES ($1, 'NONE')", sid)
+    return ids
+
+
+async def test_concurrent_new_keys_share_statements_and_keep_every_rule(
+    engine: Engine, db: Any
+) -> None:
+    sessions = await _sessions(db, 4)
+    admitter = Admitter(engine)
+    # 60 keys over 4 sessions, and each of the first 20 sent three times at
+    # once: the duplicates share statements with their originals.
+    requests = [TurnRequest(sessions[i % 4], f"k{i}", f"hello {i}", None) for i in range(60)]
+    requests += [r for r in requests[:20] for _ in range(2)]
+    answers = await asyncio.gather(
+        *(admit_turn(engine=engine, request=r, admitter=admitter) for r in requests)
+    )
+
+    # Fewer statements than admissions: they were shared.
+    assert admitter.admitted == 60
+    assert admitter.statements < 60
+    by_key: dict[tuple[uuid.UUID, str], set[uuid.UUID]] = {}
+    for request, answer in zip(requests, answers, strict=True):
+        assert answer.outcome in (AdmissionOutcome.ACCEPTED, AdmissionOutcome.REPLAYED)
+        assert answer.turn is not None
+        assert answer.turn.fingerprint == fingerprint(input=request.input, history=History.NONE)
+        by_key.setdefault((request.session_id, request.idempotency_key), set()).add(answer.turn.id)
+    # Every key names one turn, and every one of its submissions was told so;
+    # exactly one of them was the acceptance.
+    assert len(by_key) == 60 and all(len(ids) == 1 for ids in by_key.values())
+    assert sum(a.outcome is AdmissionOutcome.ACCEPTED for a in answers) == 60
+
+    for sid in sessions:
+        turns = await db.fetch(
+            "SELECT id, admit_seq FROM turns WHERE session_id = $1 ORDER BY admit_seq", sid
+        )
+        events = await db.fetch(
+            "SELECT seq, turn_id, type, (data ->> 'seq')::bigint AS data_seq FROM events"
+            " WHERE session_id = $1 ORDER BY seq",
+            sid,
+        )
+        counter = await db.fetchval("SELECT event_seq FROM sessions WHERE id = $1", sid)
+        # Gapless from 1, the counter at the last, each turn.started at its
+        # turn's admit_seq.
+        assert [t["admit_seq"] for t in turns] == list(range(1, 16))
+        assert [e["seq"] for e in events] == list(range(1, 16)) and counter == 15
+        assert all(e["type"] == "turn.started" for e in events)
+        assert [(e["turn_id"], e["data_seq"]) for e in events] == [
+            (t["id"], t["admit_seq"]) for t in turns
+        ]
+
+
+async def test_a_row_the_database_refuses_fails_only_its_own_caller(
+    engine: Engine, db: Any
+) -> None:
+    (sid,) = await _sessions(db, 1)
+    admitter = Admitter(engine, max_in_flight=1)
+
+    def new(key: str, text: str) -> NewTurn:
+        fp = fingerprint(input=text, history=History.NONE)
+        return NewTurn(uuid.uuid4(), "", sid, key, fp, text, History.NONE, {"idempotencyKey": key})
+
+    # All four arrive together and share a statement, which PostgreSQL
+    # refuses whole for the text it cannot hold; each is then sent alone.
+    rows = [new("a", "first"), new("b", "second"), new("bad", "no\x00nul"), new("c", "third")]
+    results = await asyncio.gather(*(admitter.admit(r) for r in rows), return_exceptions=True)
+
+    assert isinstance(results[2], Exception)
+    admitted = [r for r in results if not isinstance(r, BaseException)]
+    assert [t.idempotency_key for t in admitted if t is not None] == ["a", "b", "c"]
+    keys = await db.fetch("SELECT idempotency_key FROM turns ORDER BY admit_seq")
+    assert [k["idempotency_key"] for k in keys] == ["a", "b", "c"]
+    seqs = await db.fetch("SELECT seq FROM events WHERE session_id = $1 ORDER BY seq", sid)
+    assert [s["seq"] for s in seqs] == [1, 2, 3]
+    assert admitter.statements == 3  # the three rows alone; the refused one counts not
+
+
+async def test_a_key_taken_by_another_session_row_is_not_admitted(engine: Engine, db: Any) -> None:
+    """A session of another tenant, or none at all: the row admits nothing
+    while the rest of its statement does."""
+    (sid,) = await _sessions(db, 1)
+    admitter = Admitter(engine, max_in_flight=1)
+    text = "hi"
+    fp = fingerprint(input=text, history=History.NONE)
+    rows = [
+        NewTurn(uuid.uuid4(), "", sid, "warm-up", fp, text, History.NONE, {}),
+        NewTurn(uuid.uuid4(), "", sid, "ours", fp, text, History.NONE, {}),
+        NewTurn(uuid.uuid4(), "other-tenant", sid, "theirs", fp, text, History.NONE, {}),
+        NewTurn(uuid.uuid4(), "", uuid.uuid4(), "nowhere", fp, text, History.NONE, {}),
+    ]
+    results = await asyncio.gather(*(admitter.admit(r) for r in rows))
+    assert [r is not None for r in results] == [True, True, False, False]
+    assert admitter.statements == 1  # all four in one
+    keys = await db.fetch("SELECT idempotency_key FROM turns ORDER BY admit_seq")
+    assert [k["idempotency_key"] for k in keys] == ["warm-up", "ours"]
