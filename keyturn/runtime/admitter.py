@@ -11,6 +11,13 @@ session's seqs gapless in commit order, its sessions locked in id order, so
 two such statements never deadlock. The commit that answers one caller
 answers all of them: nobody is answered before their turn is durable.
 
+The shared statement never waits for a session another transaction holds
+(a turn's end, a claim, another admission): it leaves that row out, and the
+row is sent again alone, waiting for its session as a lone submission
+would. Waiting in the shared statement would make every row of it wait, in
+turn, for every writer of any of its sessions (measured: the p99 of a
+submission at half of peak load went from 27 to 109 ms).
+
 A statement whose answer is lost fails for every caller in it, and each
 settles it from the record as a lone admission would (by its key, on a fresh
 connection). A statement refused for another reason is tried again row by
@@ -66,7 +73,15 @@ class Admitter:
             )
             self._flushers.add(task)
             task.add_done_callback(self._flushers.discard)
-        return await future
+        turn = await future
+        if turn is not None:
+            return turn
+        # Left out of the shared statement: its session was held by another
+        # writer at that moment (the shared statement does not wait for
+        # it), or its key was taken, or its session is gone. Alone, waiting
+        # for the session as a lone submission does, the statement says.
+        async with connect(self._engine) as conn:
+            return (await db.admit_many(conn, [new])).get(new.turn_id)
 
     async def _flush(self) -> None:
         try:
@@ -84,7 +99,7 @@ class Admitter:
     async def _send(self, batch: Sequence[_Pending]) -> None:
         try:
             async with connect(self._engine) as conn:
-                done = await db.admit_many(conn, [n for n, _ in batch])
+                done = await db.admit_many(conn, [n for n, _ in batch], skip_held=True)
         except asyncio.CancelledError:
             for _, future in batch:
                 future.cancel()

@@ -125,3 +125,32 @@ async def test_a_key_taken_by_another_session_row_is_not_admitted(engine: Engine
     assert admitter.statements == 1  # all four in one
     keys = await db.fetch("SELECT idempotency_key FROM turns ORDER BY admit_seq")
     assert [k["idempotency_key"] for k in keys] == ["warm-up", "ours"]
+
+
+async def test_a_session_held_by_another_writer_holds_up_only_its_own_rows(
+    engine: Engine, db: Any
+) -> None:
+    """The shared statement leaves out a session another transaction holds
+    (a turn's end, say) instead of waiting for it with every other row; the
+    left-out row waits alone, and is admitted once the session is free."""
+    held, free = await _sessions(db, 2)
+    admitter = Admitter(engine)
+    fp = fingerprint(input="hi", history=History.NONE)
+    tx = db.transaction()
+    await tx.start()
+    await db.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", held)
+    try:
+        waiting = asyncio.ensure_future(
+            admitter.admit(NewTurn(uuid.uuid4(), "", held, "h", fp, "hi", History.NONE, {}))
+        )
+        other = NewTurn(uuid.uuid4(), "", free, "f", fp, "hi", History.NONE, {})
+        # Answered while the held session stays held.
+        turn = await asyncio.wait_for(admitter.admit(other), 10)
+        assert turn is not None and turn.session_id == free
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+    finally:
+        await tx.rollback()
+    turn = await asyncio.wait_for(waiting, 10)
+    assert turn is not None and turn.session_id == held and turn.admit_seq == 1
+    assert await db.fetchval("SELECT count(*) FROM turns") == 2
