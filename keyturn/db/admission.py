@@ -70,7 +70,8 @@ _LOOKUP = Statement(
 
 
 # New keys, one row of ``x`` each: the statement a lone submission sends,
-# and the one concurrent submissions share (keyturn.runtime.admitter).
+# and the one concurrent submissions to a session share
+# (keyturn.runtime.admitter).
 # Their sessions are locked first (FOR UPDATE), in id order, so concurrent
 # admissions to a session queue on its row and each reads the counter its
 # predecessor committed (seq stays gapless and in commit order), and two
@@ -81,14 +82,8 @@ _LOOKUP = Statement(
 # its tombstone is forgotten) inserts nothing, so that row gets no turn, no
 # seq and no event. The admitted rows of a session take the seqs after its
 # counter in the order given, and the counter moves past the last of them.
-#
-# ``_ADMIT_FREE`` leaves out the rows whose session another transaction
-# holds (SKIP LOCKED) instead of waiting for it: a statement shared by many
-# submissions never waits, one session after another, for every writer of
-# its sessions; the rows left out are sent again alone by ``_ADMIT``.
-def _admit(lock: str) -> Statement:
-    return Statement(
-        f"""
+_ADMIT = Statement(
+    f"""
     WITH x AS (
         SELECT * FROM unnest(
             CAST(:turn_ids AS uuid[]), CAST(:session_ids AS uuid[]), CAST(:tenants AS text[]),
@@ -100,7 +95,7 @@ def _admit(lock: str) -> Statement:
         SELECT id, tenant, event_seq FROM sessions
         WHERE id IN (SELECT session_id FROM x)
         ORDER BY id
-        {lock}
+        FOR UPDATE
     ), k AS (
         INSERT INTO session_keys (session_id, idempotency_key, kind, turn_id)
         SELECT x.session_id, x.key, {keys.TURN}, x.turn_id
@@ -138,11 +133,7 @@ def _admit(lock: str) -> Statement:
     )
     SELECT * FROM ins
     """
-    )
-
-
-_ADMIT = _admit("FOR UPDATE")
-_ADMIT_FREE = _admit("FOR UPDATE SKIP LOCKED")
+)
 
 _BY_KEY = Statement(
     f"""
@@ -241,13 +232,12 @@ class NewTurn:
 
 
 async def admit_many(
-    conn: Conn, new: Sequence[NewTurn], *, reject: bool = False, skip_held: bool = False
+    conn: Conn, new: Sequence[NewTurn], *, reject: bool = False
 ) -> dict[uuid.UUID, TurnRecord]:
     """The turns admitted, by id, in one statement: a row whose key another
     request already holds (or whose session is gone, or busy under
-    ``reject``, or with ``skip_held`` held by another transaction) is not
-    among them."""
-    rows = await (_ADMIT_FREE if skip_held else _ADMIT).fetch(
+    ``reject``) is not among them."""
+    rows = await _ADMIT.fetch(
         conn,
         turn_ids=[n.turn_id for n in new],
         session_ids=[n.session_id for n in new],

@@ -1,22 +1,23 @@
-"""New keys' turns, admitted together: one statement for every submission of
-this process whose key was new while the statements before it were in
+"""New keys' turns, admitted together: one statement for every submission to
+a session whose key was new while that session's statement before it was in
 flight.
 
-A submission that arrives while fewer than ``max_in_flight`` statements are
-in flight goes out at once, so a lone submission waits for nothing; under
-load, the ones that arrive during a round trip share the next statement, its
-transaction and its commit. That statement does per row what a lone one
-does (keyturn.db.admission): each key judged by its own primary key, each
-session's seqs gapless in commit order, its sessions locked in id order, so
-two such statements never deadlock. The commit that answers one caller
-answers all of them: nobody is answered before their turn is durable.
+Submissions to one session queue on its row whatever happens (its seqs are
+handed out in commit order), so while one statement of a session is in
+flight, the submissions to that session that arrive meanwhile wait for the
+next, and share it, its transaction and its commit. A submission to a
+session with nothing in flight goes out at once: a lone submission waits for
+nothing, and submissions to different sessions never wait for each other.
+The statement does per row what a lone one does (keyturn.db.admission):
+each key judged by its own primary key, the session's seqs gapless in
+commit order. The commit that answers one caller answers all of them:
+nobody is answered before their turn is durable.
 
-The shared statement never waits for a session another transaction holds
-(a turn's end, a claim, another admission): it leaves that row out, and the
-row is sent again alone, waiting for its session as a lone submission
-would. Waiting in the shared statement would make every row of it wait, in
-turn, for every writer of any of its sessions (measured: the p99 of a
-submission at half of peak load went from 27 to 109 ms).
+One session per statement, not every session with something pending: a
+statement waits for each of its sessions' other writers in turn (a turn's
+end, a claim), and every row of it with them (measured in a full run of
+``make bench``: the p99 of a submission at half of peak load went from 27
+to 109 ms with statements shared across sessions).
 
 A statement whose answer is lost fails for every caller in it, and each
 settles it from the record as a lone admission would (by its key, on a fresh
@@ -27,7 +28,7 @@ row, so that one row the database refuses fails only its own caller.
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import uuid
 from collections.abc import Sequence
 
 from keyturn.db import admission as db
@@ -37,23 +38,17 @@ from keyturn.errors import DatabaseUnavailable
 
 # Bounds the statement's size (its arrays) whatever the load.
 MAX_BATCH = 128
-# Two statements at once: a statement waiting on one of its sessions (held
-# by a turn's end, say) does not hold every other submission of the process
-# behind it.
-MAX_IN_FLIGHT = 2
 
 _Pending = tuple[db.NewTurn, "asyncio.Future[TurnRecord | None]"]
 
 
 class Admitter:
-    def __init__(
-        self, engine: Engine, *, max_batch: int = MAX_BATCH, max_in_flight: int = MAX_IN_FLIGHT
-    ) -> None:
+    def __init__(self, engine: Engine, *, max_batch: int = MAX_BATCH) -> None:
         self._engine = engine
         self._max_batch = max_batch
-        self._max_in_flight = max_in_flight
-        self._pending: list[_Pending] = []
-        self._in_flight = 0
+        # By session: the submissions waiting for its next statement. A
+        # session is here for as long as its flusher runs.
+        self._pending: dict[uuid.UUID, list[_Pending]] = {}
         self._flushers: set[asyncio.Task[None]] = set()
         self.statements = 0
         self.admitted = 0
@@ -63,43 +58,40 @@ class Admitter:
         session is gone). Raises what the statement raised
         (DatabaseUnavailable when its outcome is unknown)."""
         future: asyncio.Future[TurnRecord | None] = asyncio.get_running_loop().create_future()
-        self._pending.append((new, future))
-        if self._in_flight < self._max_in_flight:
-            self._in_flight += 1
-            # A context of its own: the statement is no one caller's, and its
-            # connection is not charged to the first caller's tenant share.
+        pending = self._pending.get(new.session_id)
+        if pending is not None:
+            pending.append((new, future))
+        else:
+            self._pending[new.session_id] = [(new, future)]
+            # In the caller's context: the statement's connection is charged
+            # to the session's tenant, as the caller's own would be.
             task = asyncio.create_task(
-                self._flush(), name="keyturn-admitter", context=contextvars.Context()
+                self._flush(new.session_id), name=f"keyturn-admit-{new.session_id}"
             )
             self._flushers.add(task)
             task.add_done_callback(self._flushers.discard)
-        turn = await future
-        if turn is not None:
-            return turn
-        # Left out of the shared statement: its session was held by another
-        # writer at that moment (the shared statement does not wait for
-        # it), or its key was taken, or its session is gone. Alone, waiting
-        # for the session as a lone submission does, the statement says.
-        async with connect(self._engine) as conn:
-            return (await db.admit_many(conn, [new])).get(new.turn_id)
+        return await future
 
-    async def _flush(self) -> None:
+    async def _flush(self, session_id: uuid.UUID) -> None:
+        pending = self._pending[session_id]
         try:
-            while self._pending:
-                batch = self._pending[: self._max_batch]
-                del self._pending[: self._max_batch]
+            while pending:
+                batch = pending[: self._max_batch]
+                del pending[: self._max_batch]
                 # A caller cancelled while it waited (its client gone, a
                 # shutdown): nothing of its turn is written.
                 batch = [(n, f) for n, f in batch if not f.done()]
                 if batch:
                     await self._send(batch)
         finally:
-            self._in_flight -= 1
+            del self._pending[session_id]
+            for _, future in pending:  # only if this task itself was cancelled
+                future.cancel()
 
     async def _send(self, batch: Sequence[_Pending]) -> None:
         try:
             async with connect(self._engine) as conn:
-                done = await db.admit_many(conn, [n for n, _ in batch], skip_held=True)
+                done = await db.admit_many(conn, [n for n, _ in batch])
         except asyncio.CancelledError:
             for _, future in batch:
                 future.cancel()

@@ -1,8 +1,9 @@
-"""New keys admitted together (keyturn.runtime.admitter): submissions that
-arrive together share a statement and its commit, and each is judged as if
-it had come alone: one turn per key, gapless seqs per session in the order
-admitted, the race's losers told who won, and a row the database refuses
-failing only its own caller."""
+"""New keys admitted together (keyturn.runtime.admitter): submissions to a
+session that arrive together share a statement and its commit, and each is
+judged as if it had come alone: one turn per key, gapless seqs per session
+in the order admitted, the race's losers told who won, a row the database
+refuses failing only its own caller, and no session waiting for
+another's."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ async def test_a_row_the_database_refuses_fails_only_its_own_caller(
     engine: Engine, db: Any
 ) -> None:
     (sid,) = await _sessions(db, 1)
-    admitter = Admitter(engine, max_in_flight=1)
+    admitter = Admitter(engine)
 
     def new(key: str, text: str) -> NewTurn:
         fp = fingerprint(input=text, history=History.NONE)
@@ -107,32 +108,32 @@ async def test_a_row_the_database_refuses_fails_only_its_own_caller(
     assert admitter.statements == 3  # the three rows alone; the refused one counts not
 
 
-async def test_a_key_taken_by_another_session_row_is_not_admitted(engine: Engine, db: Any) -> None:
-    """A session of another tenant, or none at all: the row admits nothing
-    while the rest of its statement does."""
+async def test_a_row_of_another_tenant_is_not_admitted_with_the_rest(
+    engine: Engine, db: Any
+) -> None:
+    """A row naming the session under another tenant admits nothing, while
+    the rest of its statement does."""
     (sid,) = await _sessions(db, 1)
-    admitter = Admitter(engine, max_in_flight=1)
+    admitter = Admitter(engine)
     text = "hi"
     fp = fingerprint(input=text, history=History.NONE)
     rows = [
-        NewTurn(uuid.uuid4(), "", sid, "warm-up", fp, text, History.NONE, {}),
-        NewTurn(uuid.uuid4(), "", sid, "ours", fp, text, History.NONE, {}),
+        NewTurn(uuid.uuid4(), "", sid, "first", fp, text, History.NONE, {}),
         NewTurn(uuid.uuid4(), "other-tenant", sid, "theirs", fp, text, History.NONE, {}),
-        NewTurn(uuid.uuid4(), "", uuid.uuid4(), "nowhere", fp, text, History.NONE, {}),
+        NewTurn(uuid.uuid4(), "", sid, "ours", fp, text, History.NONE, {}),
     ]
     results = await asyncio.gather(*(admitter.admit(r) for r in rows))
-    assert [r is not None for r in results] == [True, True, False, False]
-    assert admitter.statements == 1  # all four in one
-    keys = await db.fetch("SELECT idempotency_key FROM turns ORDER BY admit_seq")
-    assert [k["idempotency_key"] for k in keys] == ["warm-up", "ours"]
+    assert [r is not None for r in results] == [True, False, True]
+    assert admitter.statements == 1  # all three in one
+    keys = await db.fetch("SELECT idempotency_key, admit_seq FROM turns ORDER BY admit_seq")
+    assert [(k["idempotency_key"], k["admit_seq"]) for k in keys] == [("first", 1), ("ours", 2)]
 
 
-async def test_a_session_held_by_another_writer_holds_up_only_its_own_rows(
+async def test_a_session_held_by_another_writer_holds_up_only_its_own_submissions(
     engine: Engine, db: Any
 ) -> None:
-    """The shared statement leaves out a session another transaction holds
-    (a turn's end, say) instead of waiting for it with every other row; the
-    left-out row waits alone, and is admitted once the session is free."""
+    """Submissions to a session another transaction holds (a turn's end,
+    say) wait for it; those to other sessions do not wait with them."""
     held, free = await _sessions(db, 2)
     admitter = Admitter(engine)
     fp = fingerprint(input="hi", history=History.NONE)
@@ -140,17 +141,21 @@ async def test_a_session_held_by_another_writer_holds_up_only_its_own_rows(
     await tx.start()
     await db.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", held)
     try:
-        waiting = asyncio.ensure_future(
-            admitter.admit(NewTurn(uuid.uuid4(), "", held, "h", fp, "hi", History.NONE, {}))
-        )
+        waiting = [
+            asyncio.ensure_future(
+                admitter.admit(NewTurn(uuid.uuid4(), "", held, k, fp, "hi", History.NONE, {}))
+            )
+            for k in ("h1", "h2", "h3")
+        ]
         other = NewTurn(uuid.uuid4(), "", free, "f", fp, "hi", History.NONE, {})
         # Answered while the held session stays held.
         turn = await asyncio.wait_for(admitter.admit(other), 10)
         assert turn is not None and turn.session_id == free
         await asyncio.sleep(0.2)
-        assert not waiting.done()
+        assert not any(w.done() for w in waiting)
     finally:
         await tx.rollback()
-    turn = await asyncio.wait_for(waiting, 10)
-    assert turn is not None and turn.session_id == held and turn.admit_seq == 1
-    assert await db.fetchval("SELECT count(*) FROM turns") == 2
+    turns = await asyncio.wait_for(asyncio.gather(*waiting), 10)
+    assert [t.admit_seq for t in turns if t is not None] == [1, 2, 3]
+    # The held session's three in one statement, once it was free.
+    assert admitter.statements == 2
