@@ -127,9 +127,10 @@ async def _admit(
 
     A key that already names a turn is answered from one read (the lookup)
     and writes nothing: a replay is that one statement. Otherwise the
-    admission statement tries to claim the key: under ENQUEUE the one the
-    ``admitter`` sends for every new key that arrives together, under REJECT
-    and INTERRUPT one in a transaction of its own. When it loses a race, a
+    admission statement tries to claim the key: under ENQUEUE sent at once,
+    or shared with the session's other new keys that arrive while one of its
+    statements is in flight (the ``admitter``), under REJECT and INTERRUPT
+    one in a transaction of its own. When it loses a race, a
     separate read finds the winner. If the connection dies while the
     statement commits, the outcome is unknown: it is settled by reading the
     key again on a fresh connection, never guessed.
@@ -140,6 +141,8 @@ async def _admit(
     fp = ""
     multitask = Multitask.ENQUEUE
     try:
+        # One pooled connection for the lookup and the admission: a checkout
+        # costs about as much as a short statement.
         async with connect(engine) as conn:
             found = await db.lookup(
                 conn,
@@ -166,14 +169,19 @@ async def _admit(
                 history=history,
                 data=_started_data(request.idempotency_key, history, multitask),
             )
-            if multitask is not Multitask.ENQUEUE:
-                turn_id = new.turn_id
-                admitted = await db.insert_turn(conn, new, multitask=multitask)
-        if multitask is Multitask.ENQUEUE:
-            # On the admitter's connection, with whatever else is new: this
-            # one is back in the pool while the statement is waited for.
             turn_id = new.turn_id
-            admitted = db.Admitted(await (admitter or Admitter(engine)).admit(new))
+            waiting = None
+            if multitask is not Multitask.ENQUEUE:
+                admitted = await db.insert_turn(conn, new, multitask=multitask)
+            else:
+                admitter = admitter or Admitter(engine)
+                waiting = admitter.join(new)
+                if waiting is None:  # nothing of its session in flight: at once
+                    admitted = db.Admitted(await admitter.send(conn, new))
+        if waiting is not None:
+            # Shares the session's next statement, its connection back in
+            # the pool meanwhile (that statement takes one of its own).
+            admitted = db.Admitted(await waiting)
         if admitted.turn is not None:
             return Admission(AdmissionOutcome.ACCEPTED, admitted.turn, cancelled=admitted.cancelled)
         # Another submission won the key, or a tombstone holds it, or

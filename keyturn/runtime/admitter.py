@@ -6,8 +6,9 @@ Submissions to one session queue on its row whatever happens (its seqs are
 handed out in commit order), so while one statement of a session is in
 flight, the submissions to that session that arrive meanwhile wait for the
 next, and share it, its transaction and its commit. A submission to a
-session with nothing in flight goes out at once: a lone submission waits for
-nothing, and submissions to different sessions never wait for each other.
+session with nothing in flight goes out at once, on its caller's connection:
+a lone submission waits for nothing and costs what it did alone, and
+submissions to different sessions never wait for each other.
 The statement does per row what a lone one does (keyturn.db.admission):
 each key judged by its own primary key, the session's seqs gapless in
 commit order. The commit that answers one caller answers all of them:
@@ -32,7 +33,7 @@ import uuid
 from collections.abc import Sequence
 
 from keyturn.db import admission as db
-from keyturn.db.engine import Engine, connect
+from keyturn.db.engine import Conn, Engine, connect
 from keyturn.db.records import TurnRecord
 from keyturn.errors import DatabaseUnavailable
 
@@ -53,24 +54,51 @@ class Admitter:
         self.statements = 0
         self.admitted = 0
 
-    async def admit(self, new: db.NewTurn) -> TurnRecord | None:
-        """The admitted turn, or None when its key was taken first (or its
-        session is gone). Raises what the statement raised
-        (DatabaseUnavailable when its outcome is unknown)."""
-        future: asyncio.Future[TurnRecord | None] = asyncio.get_running_loop().create_future()
+    def join(self, new: db.NewTurn) -> asyncio.Future[TurnRecord | None] | None:
+        """Where ``new`` goes: None when nothing of its session is in flight,
+        and then the caller sends it at once with :meth:`send` on its own
+        connection (a lone submission costs what it did alone); else the
+        answer of the session's next statement, to be awaited with no
+        connection held (the statement takes one of its own)."""
         pending = self._pending.get(new.session_id)
-        if pending is not None:
-            pending.append((new, future))
-        else:
-            self._pending[new.session_id] = [(new, future)]
-            # In the caller's context: the statement's connection is charged
-            # to the session's tenant, as the caller's own would be.
-            task = asyncio.create_task(
-                self._flush(new.session_id), name=f"keyturn-admit-{new.session_id}"
-            )
-            self._flushers.add(task)
-            task.add_done_callback(self._flushers.discard)
-        return await future
+        if pending is None:
+            # In flight from here: those that arrive meanwhile wait in the list.
+            self._pending[new.session_id] = []
+            return None
+        future: asyncio.Future[TurnRecord | None] = asyncio.get_running_loop().create_future()
+        pending.append((new, future))
+        return future
+
+    async def send(self, conn: Conn, new: db.NewTurn) -> TurnRecord | None:
+        """Admit ``new`` (that :meth:`join` sent here) on ``conn``: the
+        turn, or None when its key was taken first (or its session is
+        gone). Raises what the statement raised (DatabaseUnavailable when
+        its outcome is unknown)."""
+        try:
+            done = await db.admit_many(conn, [new])
+        finally:
+            if self._pending[new.session_id]:
+                # In the caller's context: the statement's connection is
+                # charged to the session's tenant, as the caller's own is.
+                task = asyncio.create_task(
+                    self._flush(new.session_id), name=f"keyturn-admit-{new.session_id}"
+                )
+                self._flushers.add(task)
+                task.add_done_callback(self._flushers.discard)
+            else:
+                del self._pending[new.session_id]
+        self.statements += 1
+        self.admitted += len(done)
+        return done.get(new.turn_id)
+
+    async def admit(self, new: db.NewTurn) -> TurnRecord | None:
+        """:meth:`join`, then :meth:`send` on a connection of the
+        admitter's pool or the wait, for a caller that holds none."""
+        waiting = self.join(new)
+        if waiting is not None:
+            return await waiting
+        async with connect(self._engine) as conn:
+            return await self.send(conn, new)
 
     async def _flush(self, session_id: uuid.UUID) -> None:
         pending = self._pending[session_id]

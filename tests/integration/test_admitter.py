@@ -93,8 +93,9 @@ async def test_a_row_the_database_refuses_fails_only_its_own_caller(
         fp = fingerprint(input=text, history=History.NONE)
         return NewTurn(uuid.uuid4(), "", sid, key, fp, text, History.NONE, {"idempotencyKey": key})
 
-    # All four arrive together and share a statement, which PostgreSQL
-    # refuses whole for the text it cannot hold; each is then sent alone.
+    # The first goes out at once; the three that arrive while it is in
+    # flight share a statement, which PostgreSQL refuses whole for the text
+    # it cannot hold; each of those is then sent alone.
     rows = [new("a", "first"), new("b", "second"), new("bad", "no\x00nul"), new("c", "third")]
     results = await asyncio.gather(*(admitter.admit(r) for r in rows), return_exceptions=True)
 
@@ -105,7 +106,7 @@ async def test_a_row_the_database_refuses_fails_only_its_own_caller(
     assert [k["idempotency_key"] for k in keys] == ["a", "b", "c"]
     seqs = await db.fetch("SELECT seq FROM events WHERE session_id = $1 ORDER BY seq", sid)
     assert [s["seq"] for s in seqs] == [1, 2, 3]
-    assert admitter.statements == 3  # the three rows alone; the refused one counts not
+    assert admitter.statements == 3  # the first, then two alone; the refused ones count not
 
 
 async def test_a_row_of_another_tenant_is_not_admitted_with_the_rest(
@@ -124,7 +125,8 @@ async def test_a_row_of_another_tenant_is_not_admitted_with_the_rest(
     ]
     results = await asyncio.gather(*(admitter.admit(r) for r in rows))
     assert [r is not None for r in results] == [True, False, True]
-    assert admitter.statements == 1  # all three in one
+    # The first at once, the two that came while it was in flight together.
+    assert admitter.statements == 2
     keys = await db.fetch("SELECT idempotency_key, admit_seq FROM turns ORDER BY admit_seq")
     assert [(k["idempotency_key"], k["admit_seq"]) for k in keys] == [("first", 1), ("ours", 2)]
 
@@ -157,5 +159,6 @@ async def test_a_session_held_by_another_writer_holds_up_only_its_own_submission
         await tx.rollback()
     turns = await asyncio.wait_for(asyncio.gather(*waiting), 10)
     assert [t.admit_seq for t in turns if t is not None] == [1, 2, 3]
-    # The held session's three in one statement, once it was free.
-    assert admitter.statements == 2
+    # The free session's; the held one's first, waiting for it; then the
+    # two that came meanwhile, together.
+    assert admitter.statements == 3
