@@ -48,7 +48,8 @@ class Admitter:
         self._engine = engine
         self._max_batch = max_batch
         # By session: the submissions waiting for its next statement. A
-        # session is here for as long as its flusher runs.
+        # session is here while a statement of it is in flight (a caller's,
+        # then its flusher's, until none is left waiting).
         self._pending: dict[uuid.UUID, list[_Pending]] = {}
         self._flushers: set[asyncio.Task[None]] = set()
         self.statements = 0
@@ -124,7 +125,9 @@ class Admitter:
             for _, future in batch:
                 future.cancel()
             raise
-        except DatabaseUnavailable as error:  # DatabaseBusy too: refused before it ran
+        except DatabaseUnavailable as error:
+            # Its answer lost (each caller settles by its key) or, as
+            # DatabaseBusy, refused before it ran.
             for _, future in batch:
                 if not future.done():
                     future.set_exception(error)
