@@ -88,9 +88,9 @@ _ADMIT = Statement(
         SELECT * FROM unnest(
             CAST(:turn_ids AS uuid[]), CAST(:session_ids AS uuid[]), CAST(:tenants AS text[]),
             CAST(:keys AS text[]), CAST(:fingerprints AS text[]), CAST(:inputs AS text[]),
-            CAST(:histories AS text[]), CAST(:datas AS jsonb[]), CAST(:rejects AS boolean[])
+            CAST(:histories AS text[]), CAST(:datas AS jsonb[])
         ) WITH ORDINALITY
-          AS x(turn_id, session_id, tenant, key, fingerprint, input, history, data, reject, n)
+          AS x(turn_id, session_id, tenant, key, fingerprint, input, history, data, n)
     ), s AS (
         SELECT id, tenant, event_seq FROM sessions
         WHERE id IN (SELECT session_id FROM x)
@@ -103,7 +103,7 @@ _ADMIT = Statement(
         -- multitask REJECT: nothing of the session may be queued or running.
         -- Sent after the session row is locked, in the same transaction
         -- (insert_turn), so this reads what the lock now guards.
-        WHERE NOT x.reject
+        WHERE NOT CAST(:reject AS boolean)
            OR NOT EXISTS (SELECT 1 FROM turns b
                           WHERE b.session_id = s.id
                             AND b.status IN ({literals(ACTIVE_STATUSES)}))
@@ -247,7 +247,7 @@ async def admit_many(
         inputs=[n.input for n in new],
         histories=[n.history.value for n in new],
         datas=[orjson.dumps(n.data).decode() for n in new],
-        rejects=[reject] * len(new),
+        reject=reject,
     )
     return {turn.id: turn for turn in map(turn_from, rows)}
 

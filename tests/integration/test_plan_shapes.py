@@ -32,10 +32,14 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
-async def _plan(db: Any, stmt: Statement, **params: Any) -> list[dict[str, Any]]:
-    """The plan's nodes, planned (not run) with these values."""
+async def _plan(
+    db: Any, stmt: Statement, *, run: bool = False, **params: Any
+) -> list[dict[str, Any]]:
+    """The plan's nodes, planned with these values, and with ``run`` run
+    too (EXPLAIN ANALYZE: each node's actual loops)."""
     args = [params[name] for name in stmt.names]
-    raw = await db.fetchval(f"EXPLAIN (FORMAT JSON) {stmt.sql}", *args)
+    options = "ANALYZE, FORMAT JSON" if run else "FORMAT JSON"
+    raw = await db.fetchval(f"EXPLAIN ({options}) {stmt.sql}", *args)
     return list(_nodes(json.loads(raw)[0]["Plan"]))
 
 
@@ -110,10 +114,11 @@ async def test_pages_of_events_for_a_page_of_sessions_or_turns_are_ranges_of_an_
     db: Any, record: dict[str, Any]
 ) -> None:
     sessions = [r["id"] for r in await db.fetch("SELECT id FROM sessions LIMIT 20")]
-    for stmt, window in (
+    windows: list[tuple[Statement, dict[str, Any]]] = [
         (reads._RAW_EVENTS_AFTER_BATCH, {"after": 1000}),
         (reads._RAW_EVENTS_BEFORE_BATCH, {"before": 1000}),
-    ):
+    ]
+    for stmt, window in windows:
         nodes = await _plan(db, stmt, ids=sessions, limit=6, **window)
         assert ("Index Scan", "events", "uq_events_session_id_seq") in _scans(nodes)
         _no_seq_scan(nodes)
@@ -155,13 +160,6 @@ async def test_the_admission_lookup_reads_by_key(db: Any, record: dict[str, Any]
     assert row["t_idempotency_key"] == "old-7" and isinstance(row["t_id"], uuid.UUID)
 
 
-async def _run_plan(db: Any, stmt: Statement, **params: Any) -> list[dict[str, Any]]:
-    """The plan's nodes as run (EXPLAIN ANALYZE)."""
-    args = [params[name] for name in stmt.names]
-    raw = await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {stmt.sql}", *args)
-    return list(_nodes(json.loads(raw)[0]["Plan"]))
-
-
 @pytest.mark.parametrize("key", ["old-7", "new-key"], ids=["replay", "new"])
 async def test_a_replay_is_answered_without_reading_the_decisions_keys(
     db: Any, record: dict[str, Any], key: str
@@ -170,7 +168,7 @@ async def test_a_replay_is_answered_without_reading_the_decisions_keys(
     only when no turn holds the key: a replay is its session, its turn and
     the tombstone probe, nothing more."""
     params = {"tenant": "", "session_id": record["long"], "key": key, "key_retention_s": None}
-    nodes = await _run_plan(db, admission._LOOKUP, **params)
+    nodes = await _plan(db, admission._LOOKUP, run=True, **params)
     decisions = [n for n in nodes if n.get("Relation Name") == "session_keys"]
     assert len(decisions) == 1, nodes
     assert decisions[0]["Actual Loops"] == (0 if key == "old-7" else 1)
