@@ -69,6 +69,20 @@ _LOOKUP = Statement(
 )
 
 
+# Nothing of session ``s`` is queued, running or waiting: one probe of each
+# status's partial index (keyturn.db.tables), never a walk through the
+# session's ended turns or the whole queue. A min(), not NOT EXISTS: on a
+# table never analyzed (a burst into a new database), NOT EXISTS of a queued
+# turn was planned as a sequential scan of every turn, and min() is planned
+# as the first entry of the session in the status's index
+# (tests/integration/test_plan_shapes.py runs both).
+_IDLE = " AND ".join(
+    f"""(SELECT min(b.admit_seq) FROM turns b
+         WHERE b.session_id = s.id AND b.status = {literal(status)}) IS NULL"""
+    for status in sorted(ACTIVE_STATUSES)
+)
+
+
 # New keys, one row of ``x`` each: the statement a lone submission sends,
 # and the one concurrent submissions to a session share
 # (keyturn.runtime.admitter).
@@ -103,10 +117,7 @@ _ADMIT = Statement(
         -- multitask REJECT: nothing of the session may be queued or running.
         -- Sent after the session row is locked, in the same transaction
         -- (insert_turn), so this reads what the lock now guards.
-        WHERE NOT CAST(:reject AS boolean)
-           OR NOT EXISTS (SELECT 1 FROM turns b
-                          WHERE b.session_id = s.id
-                            AND b.status IN ({literals(ACTIVE_STATUSES)}))
+        WHERE NOT CAST(:reject AS boolean) OR ({_IDLE})
         ORDER BY x.n
         ON CONFLICT DO NOTHING
         RETURNING turn_id
@@ -122,9 +133,7 @@ _ADMIT = Statement(
                -- appends one under that lock.
                (row_number() OVER w = 1 AND CAST(:owner AS text) IS NOT NULL
                 AND s.event_seq = (SELECT q.event_seq FROM sessions q WHERE q.id = s.id)
-                AND NOT EXISTS (SELECT 1 FROM turns b
-                                WHERE b.session_id = s.id
-                                  AND b.status IN ({literals(ACTIVE_STATUSES)}))) AS runs
+                AND {_IDLE}) AS runs
         FROM x JOIN k ON k.turn_id = x.turn_id JOIN s ON s.id = x.session_id
         WINDOW w AS (PARTITION BY x.session_id ORDER BY x.n)
     ), ins AS (

@@ -257,7 +257,10 @@ class Runtime:
             self.bus.committed(request.session_id)
             if admission.cancelled:
                 self._cancelled(list(admission.cancelled))
-            self.worker.wake()
+            if admission.turn is None or admission.turn.status is not TurnStatus.RUNNING:
+                # Queued: a claim may take it now. One admitted running runs
+                # here already, and left nothing new to claim.
+                self.worker.wake()
         return admission
 
     async def resolve_interrupted(

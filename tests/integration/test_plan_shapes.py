@@ -254,3 +254,75 @@ async def test_the_claim_reads_the_heads_of_a_long_queue_not_the_whole_of_it(
     assert claimed == oldest_free_heads
     read = _rows_read(list(_nodes(json.loads(raw)[0]["Plan"])), "turns")
     assert read < 1_000, f"the claim read {read} rows of turns for a queue of {queued}"
+
+
+def _rows_touched(nodes: list[dict[str, Any]], table: str) -> int:
+    """Rows a run's scans of ``table`` read, kept or filtered out."""
+    return sum(
+        (int(n["Actual Rows"]) + int(n.get("Rows Removed by Filter", 0))) * int(n["Actual Loops"])
+        for n in nodes
+        if n.get("Relation Name") == table and "Scan" in n["Node Type"]
+    )
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["never-analyzed", "analyzed"])
+async def test_admission_asks_whether_its_session_is_idle_of_the_session_alone(
+    db: Any, analyzed: bool
+) -> None:
+    """Run, not only planned: whether a new turn may start at once (nothing
+    of its session queued, running or waiting) is read from the session's
+    own entries of each status's index, whatever the queue's length or the
+    session's ended turns."""
+    await db.execute(_BLOCKED_QUEUE)
+    idle = uuid.uuid4()
+    await db.execute("INSERT INTO sessions (id, default_history) VALUES ($1, 'NONE')", idle)
+    # 2,000 ended turns of the idle session.
+    await db.execute(
+        "INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history,"
+        " status, admit_seq, completed_at)"
+        " SELECT gen_random_uuid(), $1, 'done' || n, 'fp', 'x', 'NONE', 'COMPLETED', n, now()"
+        " FROM generate_series(1, 2000) n",
+        idle,
+    )
+    await db.execute(
+        "UPDATE sessions s SET event_seq = t.last"
+        " FROM (SELECT session_id, max(admit_seq) AS last FROM turns GROUP BY session_id) t"
+        " WHERE s.id = t.session_id"
+    )
+    busy = await db.fetchval(
+        "SELECT session_id FROM turns WHERE status = 'QUEUED' GROUP BY session_id"
+        " ORDER BY count(*) DESC LIMIT 1"
+    )
+    if analyzed:
+        await db.execute("ANALYZE")
+    for sid, runs in ((idle, True), (busy, False)):
+        params = {
+            "turn_ids": [uuid.uuid4()],
+            "session_ids": [sid],
+            "tenants": [""],
+            "keys": ["new-key"],
+            "fingerprints": ["fp"],
+            "inputs": ["x"],
+            "histories": ["NONE"],
+            "datas": ["{}"],
+            "reject": False,
+            "owner": "w",
+            "ttl": 10.0,
+        }
+        args = [params[n] for n in admission._ADMIT.names]
+        tx = db.transaction()
+        await tx.start()
+        try:
+            raw = await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {admission._ADMIT.sql}", *args)
+            status = await db.fetchval(
+                "SELECT status FROM turns WHERE id = $1", params["turn_ids"][0]
+            )
+        finally:
+            await tx.rollback()
+        assert status == ("RUNNING" if runs else "QUEUED")
+        touched = _rows_touched(list(_nodes(json.loads(raw)[0]["Plan"])), "turns")
+        assert touched < 10, [
+            (n.get("Index Name"), n["Actual Rows"], n.get("Rows Removed by Filter"))
+            for n in _nodes(json.loads(raw)[0]["Plan"])
+            if n.get("Relation Name") == "turns"
+        ]
