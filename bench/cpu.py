@@ -48,6 +48,21 @@ def _cpu_seconds(procs: list[psutil.Process]) -> float:
     return total
 
 
+def _system_calls(procs: list[psutil.Process]) -> tuple[int, int]:
+    """(reads, writes): the system calls the processes made so far, each a
+    socket's read or write here (a round trip to PostgreSQL is at least
+    one of each), which on a virtual machine cost more than the work
+    around them."""
+    reads = writes = 0
+    for p in procs:
+        try:
+            io = p.io_counters()
+        except psutil.NoSuchProcess:
+            continue
+        reads, writes = reads + io.read_count, writes + io.write_count
+    return reads, writes
+
+
 def _backends(database: str) -> list[psutil.Process]:
     """The PostgreSQL backends serving ``database`` on this machine (their
     process titles name it), for the database's share of a request."""
@@ -133,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in range(a.rounds):
                 backends = _backends(database)
                 before, before_db = _cpu_seconds(procs), _cpu_seconds(backends)
+                calls_before = _system_calls(procs)
                 before_client, (idle0, all0) = _client_seconds(), _idle_share()
                 measured = _wrk(cfg, port, script, args, a.duration)
                 done = measured["requests"]
@@ -144,11 +160,15 @@ def main(argv: list[str] | None = None) -> int:
                 if a.what == "new":
                     args = [*args[:2], f"cpu{n + 1}", "0"]  # keys of its own each round
                 per.append((_cpu_seconds(procs) - before) / done * 1000)
+                calls = [
+                    (a - b) / done for a, b in zip(_system_calls(procs), calls_before, strict=True)
+                ]
                 in_database.append((_cpu_seconds(backends) - before_db) / done * 1000)
                 progress(
                     f"{target} {a.what}: {done} requests, {per[-1]:.3f} ms of CPU each"
                     f" (and {in_database[-1]:.3f} ms in the database, {client:.3f} ms"
-                    f" in the client; {idle:.0%} of the machine idle)"
+                    f" in the client; {idle:.0%} of the machine idle;"
+                    f" {calls[0]:.1f} reads and {calls[1]:.1f} writes per request)"
                 )
         finally:
             server.stop()
