@@ -296,8 +296,9 @@ async def test_admission_asks_whether_its_session_is_idle_of_the_session_alone(
     if analyzed:
         await db.execute("ANALYZE")
     for sid, runs in ((idle, True), (busy, False)):
-        params = {
-            "turn_ids": [uuid.uuid4()],
+        turn_id = uuid.uuid4()
+        params: dict[str, Any] = {
+            "turn_ids": [turn_id],
             "session_ids": [sid],
             "tenants": [""],
             "keys": ["new-key"],
@@ -314,9 +315,7 @@ async def test_admission_asks_whether_its_session_is_idle_of_the_session_alone(
         await tx.start()
         try:
             raw = await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {admission._ADMIT.sql}", *args)
-            status = await db.fetchval(
-                "SELECT status FROM turns WHERE id = $1", params["turn_ids"][0]
-            )
+            status = await db.fetchval("SELECT status FROM turns WHERE id = $1", turn_id)
         finally:
             await tx.rollback()
         assert status == ("RUNNING" if runs else "QUEUED")
