@@ -69,13 +69,13 @@ _LOOKUP = Statement(
 )
 
 
-# Nothing of session ``s`` is queued, running or waiting: one probe of each
-# status's partial index (keyturn.db.tables), never a walk through the
-# session's ended turns or the whole queue. A min(), not NOT EXISTS: on a
-# table never analyzed (a burst into a new database), NOT EXISTS of a queued
-# turn was planned as a sequential scan of every turn, and min() is planned
-# as the first entry of the session in the status's index
-# (tests/integration/test_plan_shapes.py runs both).
+# Nothing of session ``s`` is queued, running or waiting (multitask REJECT):
+# one probe of each status's partial index (keyturn.db.tables), never a walk
+# through the session's ended turns or the whole queue. A min(), not NOT
+# EXISTS: on a table never analyzed (a burst into a new database), NOT
+# EXISTS of a queued turn was planned as a sequential scan of every turn,
+# and min() is planned as the first entry of the session in the status's
+# index (tests/integration/test_plan_shapes.py runs both).
 _IDLE = " AND ".join(
     f"""(SELECT min(b.admit_seq) FROM turns b
          WHERE b.session_id = s.id AND b.status = {literal(status)}) IS NULL"""
@@ -122,50 +122,25 @@ _ADMIT = Statement(
         ON CONFLICT DO NOTHING
         RETURNING turn_id
     ), a AS (
-        SELECT x.*, s.event_seq + row_number() OVER w AS admit_seq,
-               count(*) OVER (PARTITION BY x.session_id) AS admitted,
-               -- Admitted running (:owner given): the session's first row,
-               -- when nothing of the session is queued, running or waiting.
-               -- That is read at the statement's snapshot, which may predate
-               -- the session's lock: it holds only if no event was appended
-               -- since (the locked row's counter, read as of now, is the
-               -- snapshot's), since every write that changes a turn's status
-               -- appends one under that lock.
-               (row_number() OVER w = 1 AND CAST(:owner AS text) IS NOT NULL
-                AND s.event_seq = (SELECT q.event_seq FROM sessions q WHERE q.id = s.id)
-                AND {_IDLE}) AS runs
+        SELECT x.*, s.event_seq + row_number() OVER (PARTITION BY x.session_id ORDER BY x.n)
+                    AS admit_seq
         FROM x JOIN k ON k.turn_id = x.turn_id JOIN s ON s.id = x.session_id
-        WINDOW w AS (PARTITION BY x.session_id ORDER BY x.n)
     ), ins AS (
         INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history,
-                           status, admit_seq, owner, epoch, started_at, lease_until)
+                           status, admit_seq)
         SELECT turn_id, session_id, key, fingerprint, input, history,
-               CASE WHEN runs THEN {literal(TurnStatus.RUNNING)}
-                    ELSE {literal(TurnStatus.QUEUED)} END,
-               admit_seq,
-               CASE WHEN runs THEN CAST(:owner AS text) END,
-               CASE WHEN runs THEN 1 ELSE 0 END,
-               CASE WHEN runs THEN now() END,
-               CASE WHEN runs THEN now() + make_interval(secs => CAST(:ttl AS double precision))
-               END
+               {literal(TurnStatus.QUEUED)}, admit_seq
         FROM a
         RETURNING {columns(Turn)}
     ), bump AS (
         UPDATE sessions SET event_seq = m.last
-        FROM (SELECT session_id, max(admit_seq) + max(runs::int) AS last
-              FROM a GROUP BY session_id) m
+        FROM (SELECT session_id, max(admit_seq) AS last FROM a GROUP BY session_id) m
         WHERE sessions.id = m.session_id
     ), ev AS (
         INSERT INTO events (session_id, turn_id, seq, type, data)
         SELECT session_id, turn_id, admit_seq, {literal(EventType.TURN_STARTED)},
                data || jsonb_build_object('seq', admit_seq)
         FROM a
-        -- The running turn's claim, as the worker's claim writes it, after
-        -- the statement's turn.started events (it is its session's first).
-        UNION ALL
-        SELECT session_id, turn_id, admit_seq + admitted, {literal(EventType.TURN_RUNNING)},
-               jsonb_build_object('owner', CAST(:owner AS text), 'epoch', 1)
-        FROM a WHERE runs
     )
     SELECT * FROM ins
     """
@@ -268,19 +243,11 @@ class NewTurn:
 
 
 async def admit_many(
-    conn: Conn,
-    new: Sequence[NewTurn],
-    *,
-    reject: bool = False,
-    owner: str | None = None,
-    lease_ttl_s: float = 0.0,
+    conn: Conn, new: Sequence[NewTurn], *, reject: bool = False
 ) -> dict[uuid.UUID, TurnRecord]:
     """The turns admitted, by id, in one statement: a row whose key another
     request already holds (or whose session is gone, or busy under
-    ``reject``) is not among them. With ``owner``, a session's first new
-    turn that nothing of its session is ahead of is admitted RUNNING under
-    that owner (epoch 1, a lease of ``lease_ttl_s``, and its
-    ``turn.running``), as if claimed in the same transaction."""
+    ``reject``) is not among them."""
     rows = await _ADMIT.fetch(
         conn,
         turn_ids=[n.turn_id for n in new],
@@ -292,8 +259,6 @@ async def admit_many(
         histories=[n.history.value for n in new],
         datas=[orjson.dumps(n.data).decode() for n in new],
         reject=reject,
-        owner=owner,
-        ttl=lease_ttl_s,
     )
     return {turn.id: turn for turn in map(turn_from, rows)}
 

@@ -24,14 +24,6 @@ A statement whose answer is lost fails for every caller in it, and each
 settles it from the record as a lone admission would (by its key, on a fresh
 connection). A statement refused for another reason is tried again row by
 row, so that one row the database refuses fails only its own caller.
-
-When this process's worker has a slot free (``runner``), the statement
-admits its session's first new turn RUNNING under the worker, if nothing of
-the session is ahead of it, and the worker starts it as soon as the
-statement returns: the claim it would have waited for is written in the
-same transaction, one commit and one update of the turn fewer. A statement
-whose answer is lost leaves the worker to read which turns run under its
-name, as after a claim whose answer was lost.
 """
 
 from __future__ import annotations
@@ -39,12 +31,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
-from typing import Protocol
 
 from keyturn.db import admission as db
 from keyturn.db.engine import Conn, Engine, connect
 from keyturn.db.records import TurnRecord
-from keyturn.domain import TurnStatus
 from keyturn.errors import DatabaseUnavailable
 
 # Bounds the statement's size (its arrays) whatever the load.
@@ -53,28 +43,9 @@ MAX_BATCH = 128
 _Pending = tuple[db.NewTurn, "asyncio.Future[TurnRecord | None]"]
 
 
-class Runner(Protocol):
-    """Where a turn admitted running runs: the process's worker
-    (keyturn.runtime.worker.Worker)."""
-
-    owner: str
-
-    @property
-    def lease_ttl_s(self) -> float: ...
-
-    def reserve(self) -> bool: ...
-
-    def admitted(self, turn: TurnRecord | None) -> None: ...
-
-    def admission_lost(self) -> None: ...
-
-
 class Admitter:
-    def __init__(
-        self, engine: Engine, *, runner: Runner | None = None, max_batch: int = MAX_BATCH
-    ) -> None:
+    def __init__(self, engine: Engine, *, max_batch: int = MAX_BATCH) -> None:
         self._engine = engine
-        self._runner = runner
         self._max_batch = max_batch
         # By session: the submissions waiting for its next statement. A
         # session is here while a statement of it is in flight (a caller's,
@@ -105,7 +76,7 @@ class Admitter:
         gone). Raises what the statement raised (DatabaseUnavailable when
         its outcome is unknown)."""
         try:
-            done = await self._admit(conn, [new])
+            done = await db.admit_many(conn, [new])
         finally:
             if self._pending[new.session_id]:
                 # In the caller's context: the statement's connection is
@@ -149,7 +120,7 @@ class Admitter:
     async def _send(self, batch: Sequence[_Pending]) -> None:
         try:
             async with connect(self._engine) as conn:
-                done = await self._admit(conn, [n for n, _ in batch])
+                done = await db.admit_many(conn, [n for n, _ in batch])
         except asyncio.CancelledError:
             for _, future in batch:
                 future.cancel()
@@ -175,26 +146,3 @@ class Admitter:
         for new, future in batch:
             if not future.done():
                 future.set_result(done.get(new.turn_id))
-
-    async def _admit(self, conn: Conn, new: Sequence[db.NewTurn]) -> dict[uuid.UUID, TurnRecord]:
-        """The statement, its first turn admitted running when the runner
-        holds a slot for it (one session per statement: one turn at most)."""
-        runner = self._runner
-        if runner is None or not runner.reserve():
-            return await db.admit_many(conn, new)
-        try:
-            done = await db.admit_many(
-                conn, new, owner=runner.owner, lease_ttl_s=runner.lease_ttl_s
-            )
-        except BaseException:
-            # Refused (nothing written), lost or cancelled (perhaps
-            # committed): the runner reads what runs under its name.
-            runner.admission_lost()
-            raise
-        runner.admitted(
-            next(
-                (t for t in done.values() if t.status is TurnStatus.RUNNING),
-                None,
-            )
-        )
-        return done

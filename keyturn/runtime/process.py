@@ -112,6 +112,8 @@ class Runtime:
             pool_timeout=settings.pool_timeout_s,
             per_tenant=False,
         )
+        # New keys' turns, admitted together when they arrive together.
+        self.admitter = Admitter(self.engine)
         self.model = model or build_model(settings)
         # The builtin tools now; those of Python entry points and MCP servers
         # join them at start, before any turn runs.
@@ -151,9 +153,6 @@ class Runtime:
             crash=CrashHook.from_settings(settings),
             approval=self.approval,
         )
-        # New keys' turns, admitted together when they arrive together, and
-        # started here at once when the worker has room.
-        self.admitter = Admitter(self.engine, runner=self.worker)
         self.supervisor = Supervisor()
         self.supervisor.add("worker", self.worker.run)
         self.supervisor.add("bus-poll", self.bus.poll_forever)
@@ -257,10 +256,7 @@ class Runtime:
             self.bus.committed(request.session_id)
             if admission.cancelled:
                 self._cancelled(list(admission.cancelled))
-            if admission.turn is None or admission.turn.status is not TurnStatus.RUNNING:
-                # Queued: a claim may take it now. One admitted running runs
-                # here already, and left nothing new to claim.
-                self.worker.wake()
+            self.worker.wake()
         return admission
 
     async def resolve_interrupted(

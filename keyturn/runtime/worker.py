@@ -8,17 +8,12 @@ statement per tick, and turns that end together are finished by one
 worker whose lease passed on has its writes refused (and the refusal
 recorded). A lease that runs out marks its turn INTERRUPTED: Keyturn never
 runs a turn a second time on its own.
-
-A turn can also be claimed by its own admission, in a slot this worker
-holds for it (:meth:`Worker.reserve`; keyturn.runtime.admitter): it is
-started here as soon as that statement returns, as a claimed one is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import os
 import socket
@@ -150,9 +145,6 @@ class Worker:
         self._cancel_reader: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._stopping = False
-        # Slots held for turns whose admissions may start them here
-        # (keyturn.runtime.admitter): the claim leaves them free.
-        self._reserved = 0
         self.claimed = 0
         self.interrupted = 0
 
@@ -247,41 +239,6 @@ class Worker:
             self._renewer.cancel()
             await asyncio.gather(self._renewer, return_exceptions=True)
             self._renewer = None
-
-    # -- turns admitted running -------------------------------------------
-    @property
-    def lease_ttl_s(self) -> float:
-        return self.settings.lease_ttl_s
-
-    def reserve(self) -> bool:
-        """Hold a slot for a turn its admission may start here (admitted
-        RUNNING under this owner, as a claim in the same transaction): False
-        when none is free or nothing more is to be claimed. Every True is
-        answered by :meth:`admitted` or :meth:`admission_lost`."""
-        if self._stopping or len(self._running) + self._reserved >= self.settings.max_running:
-            return False
-        self._reserved += 1
-        return True
-
-    def admitted(self, turn: TurnRecord | None) -> None:
-        """The held slot's outcome: ``turn``, admitted RUNNING under this
-        owner, runs now; None (the turn was queued, or nothing was written)
-        frees the slot."""
-        self._reserved -= 1
-        if turn is not None and (turn.id, turn.epoch) not in self._started:
-            # Its tasks outlive the request that admitted it: they start in
-            # no request's context (its tenant's share, its request id), as
-            # a claimed turn's do.
-            contextvars.Context().run(self._start, turn)
-
-    def admission_lost(self) -> None:
-        """An admission that held a slot did not hear its statement's
-        outcome: a turn it admitted running here would have nobody running
-        it, so the turns RUNNING under this owner are read and adopted, as
-        after a claim whose answer was lost."""
-        self._reserved -= 1
-        self._claim_unknown = True
-        self._wake.set()
 
     # -- the loop --------------------------------------------------------
     async def run(self) -> None:
@@ -393,7 +350,7 @@ class Worker:
         if self._claim_unknown:
             await self._adopt_lost_claims()
         while not self._stopping:
-            free = self.settings.max_running - len(self._running) - self._reserved
+            free = self.settings.max_running - len(self._running)
             if free <= 0:
                 return
             try:

@@ -52,23 +52,6 @@ async def turns_with_key(direct: str, key: str) -> list[str]:
         await conn.close()
 
 
-async def claimed_by_its_admission(direct: str, turn_id: str) -> bool:
-    """Whether the turn's turn.running was written by its admission's own
-    transaction (the same now() as its turn.started), not by a later claim."""
-    conn: Any = await asyncpg.connect(asyncpg_dsn(direct))
-    try:
-        times = await conn.fetch(
-            "SELECT type, created_at FROM events WHERE turn_id = $1"
-            " AND type IN ('turn.started', 'turn.running') ORDER BY seq",
-            uuid.UUID(turn_id),
-        )
-    finally:
-        await conn.close()
-    return [t["type"] for t in times] == ["turn.started", "turn.running"] and (
-        times[0]["created_at"] == times[1]["created_at"]
-    )
-
-
 async def test_commit_answer_lost_is_settled_by_rereading_the_key(
     proxied: tuple[InProcessServer, CuttingProxy, str],
 ) -> None:
@@ -90,12 +73,7 @@ async def test_commit_answer_lost_is_settled_by_rereading_the_key(
             assert result is not None and result["__typename"] == "TurnAccepted", load.answers
             assert result["turn"]["id"] == committed[0]
             load.acked[key] = committed[0]
-            # The session was idle, so the admission claimed its turn for
-            # this process; with its answer lost, the worker finds the turn
-            # running under its name and runs it (no lease runs out).
-            assert await claimed_by_its_admission(direct, committed[0])
-            ended = await client.wait_for_status(committed[0], {"COMPLETED", "INTERRUPTED"})
-            assert ended["status"] == "COMPLETED", ended
+            await client.wait_for_status(committed[0], {"COMPLETED"})
     assert proxy.cuts == 10
     await client.close()
 

@@ -266,13 +266,13 @@ def _rows_touched(nodes: list[dict[str, Any]], table: str) -> int:
 
 
 @pytest.mark.parametrize("analyzed", [False, True], ids=["never-analyzed", "analyzed"])
-async def test_admission_asks_whether_its_session_is_idle_of_the_session_alone(
+async def test_a_rejecting_admission_asks_whether_its_session_is_idle_of_the_session_alone(
     db: Any, analyzed: bool
 ) -> None:
-    """Run, not only planned: whether a new turn may start at once (nothing
-    of its session queued, running or waiting) is read from the session's
-    own entries of each status's index, whatever the queue's length or the
-    session's ended turns."""
+    """Run, not only planned: under multitask REJECT, whether the session is
+    idle (nothing of it queued, running or waiting) is read from the
+    session's own entries of each status's index, whatever the queue's
+    length or the session's ended turns."""
     await db.execute(_BLOCKED_QUEUE)
     idle = uuid.uuid4()
     await db.execute("INSERT INTO sessions (id, default_history) VALUES ($1, 'NONE')", idle)
@@ -295,7 +295,7 @@ async def test_admission_asks_whether_its_session_is_idle_of_the_session_alone(
     )
     if analyzed:
         await db.execute("ANALYZE")
-    for sid, runs in ((idle, True), (busy, False)):
+    for sid, admitted in ((idle, True), (busy, False)):
         turn_id = uuid.uuid4()
         params: dict[str, Any] = {
             "turn_ids": [turn_id],
@@ -306,19 +306,17 @@ async def test_admission_asks_whether_its_session_is_idle_of_the_session_alone(
             "inputs": ["x"],
             "histories": ["NONE"],
             "datas": ["{}"],
-            "reject": False,
-            "owner": "w",
-            "ttl": 10.0,
+            "reject": True,
         }
         args = [params[n] for n in admission._ADMIT.names]
         tx = db.transaction()
         await tx.start()
         try:
             raw = await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {admission._ADMIT.sql}", *args)
-            status = await db.fetchval("SELECT status FROM turns WHERE id = $1", turn_id)
+            written = await db.fetchval("SELECT count(*) FROM turns WHERE id = $1", turn_id)
         finally:
             await tx.rollback()
-        assert status == ("RUNNING" if runs else "QUEUED")
+        assert written == (1 if admitted else 0)
         touched = _rows_touched(list(_nodes(json.loads(raw)[0]["Plan"])), "turns")
         assert touched < 10, [
             (n.get("Index Name"), n["Actual Rows"], n.get("Rows Removed by Filter"))
