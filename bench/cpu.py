@@ -49,10 +49,9 @@ def _cpu_seconds(procs: list[psutil.Process]) -> float:
 
 
 def _system_calls(procs: list[psutil.Process]) -> tuple[int, int]:
-    """(reads, writes): the system calls the processes made so far, each a
-    socket's read or write here (a round trip to PostgreSQL is at least
-    one of each), which on a virtual machine cost more than the work
-    around them."""
+    """(reads, writes): the read and write system calls the processes made
+    so far, nearly all of them on sockets here (a round trip to PostgreSQL
+    is at least one of each, a request's answer one write)."""
     reads = writes = 0
     for p in procs:
         try:
