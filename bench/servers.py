@@ -101,9 +101,13 @@ def port_of(server: ServerProcess) -> int:
     return port
 
 
-def start_keyturn(cfg: Config, database_url: str, workdir: Path) -> tuple[ServerProcess, list[int]]:
-    """``keyturn serve --workers N``, once every worker answers; with their pids."""
+def start_keyturn(
+    cfg: Config, database_url: str, workdir: Path, settings: dict[str, str] | None = None
+) -> tuple[ServerProcess, list[int]]:
+    """``keyturn serve --workers N``, once every worker answers; with their
+    pids. ``settings`` are more of its environment (``KEYTURN_…``)."""
     env = {"KEYTURN_POOL_SIZE": str(cfg.pool_size), "KEYTURN_LOG_LEVEL": "warning"}
+    env.update(settings or {})
     try:
         server = start_server(
             database_url,

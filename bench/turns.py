@@ -19,7 +19,8 @@ With ``--waits`` it also samples what the run's busy backends wait on
 wait, by statement.
 
 python -m bench.turns [--rate 300] [--duration 8] [--rounds 2] [--peer]
-                      [--waits] [--database auto|embedded|URL]
+                      [--waits] [--setting KEYTURN_NAME=VALUE ...]
+                      [--database auto|embedded|URL]
 """
 
 from __future__ import annotations
@@ -132,7 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer", action="store_true", help="the REST peer instead of Keyturn")
     p.add_argument("--waits", action="store_true", help="sample the backends' waits")
     p.add_argument("--database", default="auto", help="auto, embedded or a server URL")
+    p.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="KEYTURN_NAME=VALUE",
+        help="a setting of the server's (repeatable), to compare one value with another",
+    )
     a = p.parse_args(argv)
+    if any(not item.startswith("KEYTURN_") or "=" not in item for item in a.setting):
+        p.error("--setting takes KEYTURN_NAME=VALUE")
+    settings = dict(item.split("=", 1) for item in a.setting)
     cfg = parse_args(["--workers", "2", "--database", a.database])
     mode, target = ("rest", "peer") if a.peer else ("graphql", "keyturn")
     with (
@@ -146,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.peer:
             server = start_peer(cfg, url, Path(tmp))
         else:
-            server, _ = start_keyturn(cfg, url, Path(tmp))
+            server, _ = start_keyturn(cfg, url, Path(tmp), settings)
         try:
             port = port_of(server)
             for n in range(a.rounds):

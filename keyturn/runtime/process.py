@@ -142,6 +142,7 @@ class Runtime:
                 lease_ttl_s=settings.lease_ttl_s,
                 lease_renew_s=settings.lease_renew_s,
                 claim_poll_s=settings.claim_poll_s,
+                claim_debounce_s=settings.claim_debounce_ms / 1000,
                 shutdown_grace_s=settings.shutdown_grace_s,
                 max_tool_rounds=settings.max_tool_rounds,
                 tool_timeout_s=settings.tool_timeout_s,

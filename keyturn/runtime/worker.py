@@ -85,6 +85,8 @@ class WorkerSettings:
     lease_renew_s: float
     claim_poll_s: float
     shutdown_grace_s: float
+    # How long a woken claim waits for the wake-ups that follow (see run()).
+    claim_debounce_s: float = 0.0
     max_tool_rounds: int = 8
     tool_timeout_s: float = 30.0
     # At most one turn.delta per this interval while a model streams.
@@ -258,7 +260,13 @@ class Worker:
                 await self._claim()
             except DatabaseUnavailable:
                 log.warning("worker: database unavailable; retrying")
-            await set_within(self._wake, self.settings.claim_poll_s)
+            woken = await set_within(self._wake, self.settings.claim_poll_s)
+            if woken and self.settings.claim_debounce_s:
+                # Admissions and ends arrive together: the ones in the next
+                # few milliseconds share this claim's statement and commit,
+                # where each would have sent its own (fewer commits waiting
+                # on the WAL's flush, the admissions' among them).
+                await asyncio.sleep(self.settings.claim_debounce_s)
 
     async def _sweep(self) -> None:
         if self._sweep_unknown_since is None:
