@@ -60,7 +60,7 @@ _RUN_TIMES = """
 _WAITS = """
     SELECT wait_event_type, wait_event, left(regexp_replace(query, '\\s+', ' ', 'g'), 60)
     FROM pg_stat_activity
-    WHERE datname = $1 AND state = 'active' AND wait_event_type IS NOT NULL
+    WHERE datname = current_database() AND state = 'active' AND wait_event_type IS NOT NULL
       AND pid <> pg_backend_pid()
 """
 
@@ -68,8 +68,6 @@ _WAITS = """
 async def _counters(url: str) -> tuple[float, float, float]:
     conn = await admin_connect(url)
     try:
-        # Counters a backend reads are kept for its transaction: read afresh.
-        await conn.execute("SELECT pg_stat_clear_snapshot()")
         row = await conn.fetchrow(_WAL)
     finally:
         await conn.close()
@@ -78,11 +76,10 @@ async def _counters(url: str) -> tuple[float, float, float]:
 
 async def _sample_waits(url: str, stop: asyncio.Event, seen: Counter[Any]) -> None:
     conn = await admin_connect(url)
-    database = url.rsplit("/", 1)[-1].split("?")[0]
     try:
+        # Each read its own transaction (autocommit): the activity view as of now.
         while not stop.is_set():
-            await conn.execute("SELECT pg_stat_clear_snapshot()")
-            for row in await conn.fetch(_WAITS, database):
+            for row in await conn.fetch(_WAITS):
                 seen[tuple(row)] += 1
             seen["samples"] += 1
             await asyncio.sleep(0.005)
