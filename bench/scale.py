@@ -59,7 +59,7 @@ from bench.targets import RATIO_FLOOR, Verdict, judge, line, ratio_target
 from keyturn.db import admission as db_admission
 from keyturn.db import leases
 from keyturn.db import reads as db_reads
-from keyturn.db.engine import Conn
+from keyturn.db.engine import POOL_SETTINGS, Conn, raw_connect
 from keyturn.db.sql import Statement
 from keyturn.ops.databases import admin_connect
 from keyturn.ops.serverproc import start_server
@@ -423,8 +423,8 @@ STATEMENT_RUNS: dict[str, Run] = {"claim": _claim, "sweep": _sweep}
 
 
 def _conn(raw: Any) -> Conn:
-    # Keyturn's statements run on a bare asyncpg connection (keyturn.db.sql);
-    # there is no pool here.
+    # Keyturn's statements run on a bare asyncpg connection (keyturn.db.sql)
+    # with the pools' settings (their generic plans); there is no pool here.
     return Conn(raw)
 
 
@@ -433,7 +433,7 @@ async def _time_statement(url: str, run: Run, runs: int) -> Timing:
     so no series walks the dead index entries the one before left (a
     rolled-back event is the newest of its turn, the first a backward scan of
     ix_events_turn meets)."""
-    raw = await admin_connect(url)
+    raw = await raw_connect(url, server_settings=POOL_SETTINGS)
     try:
         await raw.execute("VACUUM turns, sessions, events")
         conn = _conn(raw)
@@ -489,7 +489,6 @@ async def _statements_of(
             "input": "explain",
             "history": "NONE",
             "data": '{"idempotencyKey": "explain", "history": "NONE"}',
-            "reject": False,
         }
         found = [("admission lookup", db_admission._LOOKUP, common)]
         if op == "admit":
@@ -515,6 +514,28 @@ async def _statements_of(
     return [("the sweep", leases._INTERRUPT_EXPIRED, {"by": OWNER})]
 
 
+async def explain_pooled(db: Any, stmt: Statement, params: dict[str, Any], options: str) -> str:
+    """EXPLAIN (``options``) of the plan Keyturn's pools run: the statement
+    prepared, then executed with these values under the pools' settings
+    (POOL_SETTINGS: its generic plan, made without the values). EXECUTE
+    takes no bound parameters, so each value goes in as a literal of the
+    type PostgreSQL inferred for it."""
+    name = f"plan_{uuid.uuid4().hex}"
+    await db.execute(f"PREPARE {name} AS {stmt.sql}")
+    types = await db.fetchval(
+        "SELECT CAST(parameter_types AS text[]) FROM pg_prepared_statements WHERE name = $1", name
+    )
+    values = [
+        await db.fetchval(f"SELECT quote_nullable(CAST(CAST($1 AS {t}) AS text)) || '::{t}'", v)
+        for t, v in zip(types, (params[n] for n in stmt.names), strict=True)
+    ]
+    for setting, value in POOL_SETTINGS.items():
+        await db.execute(f"SET {setting} = {value}")
+    rows = await db.fetch(f"EXPLAIN ({options}) EXECUTE {name}({', '.join(values)})")
+    await db.execute(f"DEALLOCATE {name}")
+    return "\n".join(row[0] for row in rows)
+
+
 async def explain(url: str, op: str, place: Place) -> list[dict[str, str]]:
     """EXPLAIN (ANALYZE, BUFFERS) of each statement behind ``op``, in a
     transaction rolled back."""
@@ -522,18 +543,17 @@ async def explain(url: str, op: str, place: Place) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     try:
         for name, stmt, params in await _statements_of(op, raw, place):
-            try:
-                args = [params[n] for n in stmt.names]
-            except KeyError as missing:
+            missing = next((n for n in stmt.names if n not in params), None)
+            if missing is not None:
                 out.append({"statement": name, "plan": f"(not explained: no value for {missing})"})
                 continue
             tx = raw.transaction()
             await tx.start()
             try:
-                rows = await raw.fetch("EXPLAIN (ANALYZE, BUFFERS) " + stmt.sql, *args)
+                plan = await explain_pooled(raw, stmt, params, "ANALYZE, BUFFERS")
             finally:
                 await tx.rollback()
-            out.append({"statement": name, "plan": "\n".join(r[0] for r in rows)})
+            out.append({"statement": name, "plan": plan})
     finally:
         await raw.close()
     return out

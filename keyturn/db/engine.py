@@ -177,6 +177,18 @@ async def raw_connect(url: str, *, server_settings: dict[str, str] | None = None
     return await asyncpg.connect(**connect_params(url, server_settings=server_settings))
 
 
+# Every statement is prepared once per connection and planned once, its
+# generic plan kept (PostgreSQL's default, "auto", planned a statement anew
+# for each call's values whenever that plan's estimate came out cheaper than
+# the generic one, and with arrays or a LIMIT as parameters it always did:
+# admission's statement and a page of events spent as long being planned as
+# being run, per pg_stat_statements' plans and total_plan_time). Each
+# statement is written for one plan (statuses as literals, so the partial
+# indexes match; ranges of an index in its order), which the plan-shape
+# tests check as the pools plan it (tests/integration/test_plan_shapes.py).
+POOL_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
+
+
 class Engine:
     """The pool of one kind of work: asyncpg's own, opened on first use.
 
@@ -206,7 +218,7 @@ class Engine:
         self.url = url
         # Translated now, so that a URL Keyturn cannot honour stops the
         # start with DatabaseUrlError rather than the first request.
-        self._params = connect_params(url)
+        self._params = connect_params(url, server_settings=POOL_SETTINGS)
         self._size = pool_size
         self._timeout = pool_timeout
         self._pool: Any = None

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from bench.scale import expire_leases, queue_turns, seed_sessions
+from bench.scale import expire_leases, explain_pooled, queue_turns, seed_sessions
 from keyturn.db import admission, leases, reads
 from keyturn.db.sql import Statement
 
@@ -35,11 +35,10 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 async def _plan(
     db: Any, stmt: Statement, *, run: bool = False, **params: Any
 ) -> list[dict[str, Any]]:
-    """The plan's nodes, planned with these values, and with ``run`` run
-    too (EXPLAIN ANALYZE: each node's actual loops)."""
-    args = [params[name] for name in stmt.names]
+    """The plan's nodes, as the pools plan it, and with ``run`` run too
+    (EXPLAIN ANALYZE: each node's actual loops)."""
     options = "ANALYZE, FORMAT JSON" if run else "FORMAT JSON"
-    raw = await db.fetchval(f"EXPLAIN ({options}) {stmt.sql}", *args)
+    raw = await explain_pooled(db, stmt, params, options)
     return list(_nodes(json.loads(raw)[0]["Plan"]))
 
 
@@ -239,11 +238,12 @@ async def test_the_claim_reads_the_heads_of_a_long_queue_not_the_whole_of_it(
         " ORDER BY session_id, admit_seq"
     )
     oldest_free_heads = {r["id"] for r in sorted(expected, key=lambda r: r["created_at"])[:16]}
-    args = [{"owner": "w", "ttl": 10.0, "limit": 16}[n] for n in leases._CLAIM.names]
+    params = {"owner": "w", "ttl": 10.0, "limit": 16}
+    args = [params[n] for n in leases._CLAIM.names]
     tx = db.transaction()
     await tx.start()
     try:
-        raw = await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {leases._CLAIM.sql}", *args)
+        raw = await explain_pooled(db, leases._CLAIM, params, "ANALYZE, FORMAT JSON")
     finally:
         await tx.rollback()
     tx = db.transaction()
@@ -298,13 +298,11 @@ async def test_a_rejecting_admission_asks_whether_its_session_is_idle_of_the_ses
             "inputs": ["x"],
             "histories": ["NONE"],
             "datas": ["{}"],
-            "reject": True,
         }
-        args = [params[n] for n in admission._ADMIT.names]
         tx = db.transaction()
         await tx.start()
         try:
-            raw = await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {admission._ADMIT.sql}", *args)
+            raw = await explain_pooled(db, admission._ADMIT_IF_IDLE, params, "ANALYZE, FORMAT JSON")
             written = await db.fetchval("SELECT count(*) FROM turns WHERE id = $1", turn_id)
         finally:
             await tx.rollback()
