@@ -5,16 +5,17 @@ the next.
 
     python -m bench.cpu page      # Keyturn: pages of 100 events (bench/cycle.lua)
     python -m bench.cpu replay    # Keyturn: submitTurn, keys already admitted
-    python -m bench.cpu new       # Keyturn: submitTurn, new keys (turns run too)
+    python -m bench.cpu new       # Keyturn: submitTurn, new keys, and their turns run
     python -m bench.cpu page --peer
 
 One server process (``--workers 1``, or as many as ``--workers`` says), its
 CPU (user + system, from the kernel's accounting of the process and its
 children) divided by the requests wrk completed, for each of ``--rounds``
-rounds; beside it the CPU of the PostgreSQL backends serving its database
-(when the database runs on this machine), which the statements a request
-sends cost there, the client's (wrk's) and the share of the machine's CPU
-time left idle: what a throughput ratio of ``make bench`` is made of."""
+rounds (for ``new``, a round ends when every turn it admitted has ended);
+beside it the CPU of the PostgreSQL backends serving its database (when the
+database runs on this machine), which the statements a request sends cost
+there, the client's (wrk's) and the share of the machine's CPU time left
+idle: what a throughput ratio of ``make bench`` is made of."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pathlib import Path
 import psutil
 
 from bench import reading
+from bench.admission import drain
 from bench.load import choose_client, run_wrk
 from bench.rows import Measured, progress
 from bench.seed import make_event_session, make_sessions
@@ -35,6 +37,7 @@ from bench.sizes import Config, parse_args
 
 EVENTS = 10_000
 REPLAYED_KEYS = 2_000
+DRAIN_S = 120.0
 
 
 def _cpu_seconds(procs: list[psutil.Process]) -> float:
@@ -60,6 +63,14 @@ def _system_calls(procs: list[psutil.Process]) -> tuple[int, int]:
             continue
         reads, writes = reads + io.read_count, writes + io.write_count
     return reads, writes
+
+
+def _backend_seconds(database: str) -> dict[int, float]:
+    """The CPU seconds so far of each backend serving ``database``, by pid.
+    Read at a round's start and end: a backend that opened during the round
+    (a pool growing, the worker's connections under a backlog) is absent
+    from the first reading and counts whole."""
+    return {p.pid: _cpu_seconds([p]) for p in _backends(database)}
 
 
 def _backends(database: str) -> list[psutil.Process]:
@@ -145,11 +156,15 @@ def main(argv: list[str] | None = None) -> int:
             database = url.rsplit("/", 1)[-1].split("?")[0]
             in_database: list[float] = []
             for n in range(a.rounds):
-                backends = _backends(database)
-                before, before_db = _cpu_seconds(procs), _cpu_seconds(backends)
+                before, before_db = _cpu_seconds(procs), _backend_seconds(database)
                 calls_before = _system_calls(procs)
                 before_client, (idle0, all0) = _client_seconds(), _idle_share()
                 measured = _wrk(cfg, port, script, args, a.duration)
+                if a.what == "new" and not a.peer:
+                    # The round's turns run to their end before the CPU is
+                    # read: without it a round that admitted faster than the
+                    # worker ran would be charged less than its turns cost.
+                    drain(url, DRAIN_S)
                 done = measured["requests"]
                 client = (_client_seconds() - before_client) / done * 1000
                 idle1, all1 = _idle_share()
@@ -162,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                 calls = [
                     (a - b) / done for a, b in zip(_system_calls(procs), calls_before, strict=True)
                 ]
-                in_database.append((_cpu_seconds(backends) - before_db) / done * 1000)
+                after_db = _backend_seconds(database)
+                used_db = sum(t - before_db.get(pid, 0.0) for pid, t in after_db.items())
+                in_database.append(used_db / done * 1000)
                 progress(
                     f"{target} {a.what}: {done} requests, {per[-1]:.3f} ms of CPU each"
                     f" (and {in_database[-1]:.3f} ms in the database, {client:.3f} ms"

@@ -59,7 +59,7 @@ from bench.targets import RATIO_FLOOR, Verdict, judge, line, ratio_target
 from keyturn.db import admission as db_admission
 from keyturn.db import leases
 from keyturn.db import reads as db_reads
-from keyturn.db.engine import POOL_SETTINGS, Conn, raw_connect
+from keyturn.db.engine import REQUEST_SETTINGS, Conn
 from keyturn.db.sql import Statement
 from keyturn.ops.databases import admin_connect
 from keyturn.ops.serverproc import start_server
@@ -423,8 +423,8 @@ STATEMENT_RUNS: dict[str, Run] = {"claim": _claim, "sweep": _sweep}
 
 
 def _conn(raw: Any) -> Conn:
-    # Keyturn's statements run on a bare asyncpg connection (keyturn.db.sql)
-    # with the pools' settings (their generic plans); there is no pool here.
+    # Keyturn's statements run on a bare asyncpg connection (keyturn.db.sql);
+    # there is no pool here (the worker's has no settings of its own).
     return Conn(raw)
 
 
@@ -433,7 +433,7 @@ async def _time_statement(url: str, run: Run, runs: int) -> Timing:
     so no series walks the dead index entries the one before left (a
     rolled-back event is the newest of its turn, the first a backward scan of
     ix_events_turn meets)."""
-    raw = await raw_connect(url, server_settings=POOL_SETTINGS)
+    raw = await admin_connect(url)
     try:
         await raw.execute("VACUUM turns, sessions, events")
         conn = _conn(raw)
@@ -514,12 +514,19 @@ async def _statements_of(
     return [("the sweep", leases._INTERRUPT_EXPIRED, {"by": OWNER})]
 
 
-async def explain_pooled(db: Any, stmt: Statement, params: dict[str, Any], options: str) -> str:
-    """EXPLAIN (``options``) of the plan Keyturn's pools run: the statement
-    prepared, then executed with these values under the pools' settings
-    (POOL_SETTINGS: its generic plan, made without the values). EXECUTE
-    takes no bound parameters, so each value goes in as a literal of the
-    type PostgreSQL inferred for it."""
+async def explain_pooled(
+    db: Any,
+    stmt: Statement,
+    params: dict[str, Any],
+    options: str,
+    settings: dict[str, str] = REQUEST_SETTINGS,
+) -> str:
+    """EXPLAIN (``options``) of the plan a pool with these ``settings`` runs
+    (the requests' pool by default: its generic plan, made without the
+    values; with none, PostgreSQL's own choice for a statement's first
+    calls, a plan made for the values). The statement is prepared, then
+    executed with these values; EXECUTE takes no bound parameters, so each
+    value goes in as a literal of the type PostgreSQL inferred for it."""
     name = f"plan_{uuid.uuid4().hex}"
     await db.execute(f"PREPARE {name} AS {stmt.sql}")
     types = await db.fetchval(
@@ -529,7 +536,8 @@ async def explain_pooled(db: Any, stmt: Statement, params: dict[str, Any], optio
         await db.fetchval(f"SELECT quote_nullable(CAST(CAST($1 AS {t}) AS text)) || '::{t}'", v)
         for t, v in zip(types, (params[n] for n in stmt.names), strict=True)
     ]
-    for setting, value in POOL_SETTINGS.items():
+    await db.execute("RESET plan_cache_mode")
+    for setting, value in settings.items():
         await db.execute(f"SET {setting} = {value}")
     rows = await db.fetch(f"EXPLAIN ({options}) EXECUTE {name}({', '.join(values)})")
     await db.execute(f"DEALLOCATE {name}")
@@ -550,7 +558,9 @@ async def explain(url: str, op: str, place: Place) -> list[dict[str, str]]:
             tx = raw.transaction()
             await tx.start()
             try:
-                plan = await explain_pooled(raw, stmt, params, "ANALYZE, BUFFERS")
+                # The claim and the sweep run on the worker's pool.
+                settings = {} if op in STATEMENT_RUNS else REQUEST_SETTINGS
+                plan = await explain_pooled(raw, stmt, params, "ANALYZE, BUFFERS", settings)
             finally:
                 await tx.rollback()
             out.append({"statement": name, "plan": plan})

@@ -177,16 +177,19 @@ async def raw_connect(url: str, *, server_settings: dict[str, str] | None = None
     return await asyncpg.connect(**connect_params(url, server_settings=server_settings))
 
 
-# Every statement is prepared once per connection and planned once, its
-# generic plan kept (PostgreSQL's default, "auto", planned a statement anew
-# for each call's values whenever that plan's estimate came out cheaper than
-# the generic one, and with arrays or a LIMIT as parameters it always did:
-# admission's statement and a page of events spent as long being planned as
-# being run, per pg_stat_statements' plans and total_plan_time). Each
-# statement is written for one plan (statuses as literals, so the partial
-# indexes match; ranges of an index in its order), which the plan-shape
-# tests check as the pools plan it (tests/integration/test_plan_shapes.py).
-POOL_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
+# The requests' pool keeps each statement's generic plan: PostgreSQL's
+# default ("auto") planned a statement anew for each call's values whenever
+# that plan's estimate came out cheaper than the generic one, and with arrays
+# or a LIMIT as parameters it always did (admission's statement and a page of
+# events spent as long being planned as being run, per pg_stat_statements'
+# plans and total_plan_time). A request's statements read keys and ordered
+# ranges of an index, with statuses as literals so the partial indexes match:
+# one plan fits every value. The worker's pool keeps PostgreSQL's choice: its
+# claim walks a queue whose shape its values decide, and a plan made for them
+# took a fifth less time under a backlog than the generic one.
+# tests/integration/test_plan_shapes.py checks each statement's plan as its
+# pool makes it.
+REQUEST_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
 
 
 class Engine:
@@ -213,12 +216,18 @@ class Engine:
     __slots__ = ("_in_use", "_params", "_per_tenant", "_pool", "_size", "_timeout", "url")
 
     def __init__(
-        self, url: str, *, pool_size: int, pool_timeout: float, per_tenant: bool = True
+        self,
+        url: str,
+        *,
+        pool_size: int,
+        pool_timeout: float,
+        per_tenant: bool = True,
+        server_settings: dict[str, str] | None = None,
     ) -> None:
         self.url = url
         # Translated now, so that a URL Keyturn cannot honour stops the
         # start with DatabaseUrlError rather than the first request.
-        self._params = connect_params(url, server_settings=POOL_SETTINGS)
+        self._params = connect_params(url, server_settings=server_settings)
         self._size = pool_size
         self._timeout = pool_timeout
         self._pool: Any = None
@@ -274,9 +283,20 @@ _DISPOSE_WAIT_S = 10.0
 
 
 def create_engine(
-    url: str, *, pool_size: int = 10, pool_timeout: float = 30.0, per_tenant: bool = True
+    url: str,
+    *,
+    pool_size: int = 10,
+    pool_timeout: float = 30.0,
+    per_tenant: bool = True,
+    server_settings: dict[str, str] | None = None,
 ) -> Engine:
-    return Engine(url, pool_size=pool_size, pool_timeout=pool_timeout, per_tenant=per_tenant)
+    return Engine(
+        url,
+        pool_size=pool_size,
+        pool_timeout=pool_timeout,
+        per_tenant=per_tenant,
+        server_settings=server_settings,
+    )
 
 
 def _jsonb_encode(text: str) -> bytes:

@@ -29,7 +29,7 @@ from strawberry.subscriptions import (
 from strawberry.types.unset import UnsetType
 
 from keyturn.db import embedded
-from keyturn.db.engine import create_engine
+from keyturn.db.engine import REQUEST_SETTINGS, create_engine
 from keyturn.db.reads import RawJSON
 from keyturn.errors import DatabaseBusy, DatabaseUnavailable
 from keyturn.http import health, metrics
@@ -171,7 +171,10 @@ def create_app(settings: Settings | None = None, *, database_url: str | None = N
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         url = database_url or embedded.resolve_url(settings.database_url, settings.data_dir)[0]
         engine = create_engine(
-            url, pool_size=settings.pool_size, pool_timeout=settings.pool_timeout_s
+            url,
+            pool_size=settings.pool_size,
+            pool_timeout=settings.pool_timeout_s,
+            server_settings=REQUEST_SETTINGS,
         )
         runtime = Runtime(
             engine=engine, settings=settings, database_url=url, stats=metrics.PrometheusStats()

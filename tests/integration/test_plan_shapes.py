@@ -21,6 +21,7 @@ import pytest
 
 from bench.scale import expire_leases, explain_pooled, queue_turns, seed_sessions
 from keyturn.db import admission, leases, reads
+from keyturn.db.engine import REQUEST_SETTINGS
 from keyturn.db.sql import Statement
 
 TABLES = {"sessions", "turns", "events", "session_keys", "key_tombstones"}
@@ -35,11 +36,17 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 async def _plan(
     db: Any, stmt: Statement, *, run: bool = False, **params: Any
 ) -> list[dict[str, Any]]:
-    """The plan's nodes, as the pools plan it, and with ``run`` run too
-    (EXPLAIN ANALYZE: each node's actual loops)."""
+    """The plan's nodes as its pool makes it (the worker's statements,
+    ``keyturn.db.leases``, on the worker's pool; the rest on the requests'),
+    and with ``run`` run too (EXPLAIN ANALYZE: each node's actual loops)."""
     options = "ANALYZE, FORMAT JSON" if run else "FORMAT JSON"
-    raw = await explain_pooled(db, stmt, params, options)
+    raw = await explain_pooled(db, stmt, params, options, _settings(stmt))
     return list(_nodes(json.loads(raw)[0]["Plan"]))
+
+
+def _settings(stmt: Statement) -> dict[str, str]:
+    worker = {leases._CLAIM.sql, leases._INTERRUPT_EXPIRED.sql}
+    return {} if stmt.sql in worker else REQUEST_SETTINGS
 
 
 def _scans(nodes: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -243,7 +250,7 @@ async def test_the_claim_reads_the_heads_of_a_long_queue_not_the_whole_of_it(
     tx = db.transaction()
     await tx.start()
     try:
-        raw = await explain_pooled(db, leases._CLAIM, params, "ANALYZE, FORMAT JSON")
+        raw = await explain_pooled(db, leases._CLAIM, params, "ANALYZE, FORMAT JSON", {})
     finally:
         await tx.rollback()
     tx = db.transaction()
