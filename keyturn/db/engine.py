@@ -182,9 +182,10 @@ async def raw_connect(url: str, *, server_settings: dict[str, str] | None = None
 # that plan's estimate came out cheaper than the generic one, and with arrays
 # or a LIMIT as parameters it always did (admission's statement and a page of
 # events spent as long being planned as being run, per pg_stat_statements'
-# plans and total_plan_time). A request's statements read keys and ordered
-# ranges of an index, with statuses as literals so the partial indexes match:
-# one plan fits every value. The worker's pool keeps PostgreSQL's choice: its
+# plans and total_plan_time). A request's statements (and the retention
+# sweeper's, which shares the pool) read keys and ordered ranges of an
+# index, with statuses as literals so the partial indexes match: one plan
+# fits every value. The worker's pool keeps PostgreSQL's choice: its
 # claim walks a queue whose shape its values decide, and a plan made for them
 # took a fifth less time under a backlog than the generic one.
 # tests/integration/test_plan_shapes.py checks each statement's plan as its

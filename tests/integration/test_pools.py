@@ -244,3 +244,18 @@ async def test_the_websocket_token_check_answers_try_again_later_when_the_pool_i
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
         # Once connections are back, the same token is acknowledged.
         assert (await connection_init())[1] == '{"type":"connection_ack"}'
+
+
+async def test_the_requests_pool_keeps_its_plans_and_the_workers_lets_postgresql_choose(
+    database_url: str,
+) -> None:
+    """The requests' statements keep one generic plan per connection (not
+    planned anew on every call); the worker's claim is planned as
+    PostgreSQL's default chooses (keyturn.db.engine.REQUEST_SETTINGS)."""
+    async with serve_in_process(database_url, fast_settings()) as server:
+        runtime = server.app.state.runtime
+        async with connect(runtime.engine) as conn:
+            requests = await conn.driver.fetchval("SHOW plan_cache_mode")
+        async with connect(runtime.work_engine) as conn:
+            worker = await conn.driver.fetchval("SHOW plan_cache_mode")
+    assert (requests, worker) == ("force_generic_plan", "auto")
