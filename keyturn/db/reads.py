@@ -31,10 +31,17 @@ _CREATE_SESSION = Statement(
     f"RETURNING {_SESSION_COLUMNS}"
 )
 _SESSION = Statement(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = :id AND tenant = :tenant")
+# The first page and the pages after a cursor are two statements: the
+# requests' pool keeps generic plans (keyturn.db.engine), and in one
+# statement with "no cursor, or after it" the cursor could not bound the
+# index scan, so a page at the end of the list read every session before it.
+_FIRST_SESSIONS = Statement(
+    f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE tenant = :tenant "
+    "ORDER BY created_at, id LIMIT :limit"
+)
 _SESSIONS_AFTER = Statement(
     f"SELECT {_SESSION_COLUMNS} FROM sessions "
-    "WHERE tenant = :tenant AND (CAST(:after_ts AS timestamptz) IS NULL "
-    "OR (created_at, id) > (:after_ts, :after_id)) "
+    "WHERE tenant = :tenant AND (created_at, id) > (:after_ts, :after_id) "
     "ORDER BY created_at, id LIMIT :limit"
 )
 _SESSION_COUNT = Statement("SELECT count(*) FROM sessions WHERE tenant = :tenant")
@@ -245,10 +252,12 @@ async def session_with_events(
 async def sessions_after(
     conn: Conn, *, tenant: str, after: tuple[datetime, uuid.UUID] | None, limit: int
 ) -> list[SessionRecord]:
-    after_ts, after_id = after if after is not None else (None, None)
-    rows = await _SESSIONS_AFTER.fetch(
-        conn, tenant=tenant, after_ts=after_ts, after_id=after_id, limit=limit
-    )
+    if after is None:
+        rows = await _FIRST_SESSIONS.fetch(conn, tenant=tenant, limit=limit)
+    else:
+        rows = await _SESSIONS_AFTER.fetch(
+            conn, tenant=tenant, after_ts=after[0], after_id=after[1], limit=limit
+        )
     return [session_from(r) for r in rows]
 
 

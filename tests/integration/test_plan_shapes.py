@@ -137,13 +137,27 @@ async def test_pages_of_events_for_a_page_of_sessions_or_turns_are_ranges_of_an_
 async def test_a_page_of_sessions_is_a_range_of_the_tenant_index(
     db: Any, record: dict[str, Any]
 ) -> None:
-    after_ts, after_id = record["after"]
+    # A cursor near the end of the list: the page reads from the cursor on,
+    # not every session before it.
+    listed = await db.fetch("SELECT created_at, id FROM sessions ORDER BY created_at, id")
+    after_ts, after_id = listed[-5]
     nodes = await _plan(
-        db, reads._SESSIONS_AFTER, tenant="", after_ts=after_ts, after_id=after_id, limit=101
+        db,
+        reads._SESSIONS_AFTER,
+        run=True,
+        tenant="",
+        after_ts=after_ts,
+        after_id=after_id,
+        limit=101,
     )
     assert {table for _, table, _ in _scans(nodes)} == {"sessions"}
     assert {index for _, _, index in _scans(nodes)} == {"ix_sessions_tenant_created"}
     assert not [n for n in nodes if n["Node Type"] == "Sort"], "the page sorts what it read"
+    assert _rows_read(nodes, "sessions") <= 5, f"read {_rows_read(nodes, 'sessions')} sessions"
+
+    nodes = await _plan(db, reads._FIRST_SESSIONS, run=True, tenant="", limit=3)
+    assert {index for _, _, index in _scans(nodes)} == {"ix_sessions_tenant_created"}
+    assert _rows_read(nodes, "sessions") == 3
 
 
 async def test_the_claim_reads_the_queue_index(db: Any, record: dict[str, Any]) -> None:
