@@ -59,7 +59,7 @@ from bench.targets import RATIO_FLOOR, Verdict, judge, line, ratio_target
 from keyturn.db import admission as db_admission
 from keyturn.db import leases
 from keyturn.db import reads as db_reads
-from keyturn.db.engine import REQUEST_SETTINGS, Conn
+from keyturn.db.engine import REQUEST_SETTINGS, WORKER_SETTINGS, Conn
 from keyturn.db.sql import Statement
 from keyturn.ops.databases import admin_connect
 from keyturn.ops.serverproc import start_server
@@ -424,7 +424,7 @@ STATEMENT_RUNS: dict[str, Run] = {"claim": _claim, "sweep": _sweep}
 
 def _conn(raw: Any) -> Conn:
     # Keyturn's statements run on a bare asyncpg connection (keyturn.db.sql);
-    # there is no pool here (the worker's has no settings of its own).
+    # there is no pool here (the worker's, WORKER_SETTINGS, sets nothing).
     return Conn(raw)
 
 
@@ -532,10 +532,12 @@ async def explain_pooled(
     types = await db.fetchval(
         "SELECT CAST(parameter_types AS text[]) FROM pg_prepared_statements WHERE name = $1", name
     )
-    values = [
-        await db.fetchval(f"SELECT quote_nullable(CAST(CAST($1 AS {t}) AS text)) || '::{t}'", v)
-        for t, v in zip(types, (params[n] for n in stmt.names), strict=True)
-    ]
+    literals = ", ".join(
+        f"quote_nullable(CAST(CAST(${i} AS {t}) AS text)) || '::{t}'"
+        for i, t in enumerate(types, start=1)
+    )
+    args = [params[n] for n in stmt.names]
+    values = list(await db.fetchrow(f"SELECT {literals}", *args)) if args else []
     await db.execute("RESET plan_cache_mode")
     for setting, value in settings.items():
         await db.execute(f"SET {setting} = {value}")
@@ -559,7 +561,7 @@ async def explain(url: str, op: str, place: Place) -> list[dict[str, str]]:
             await tx.start()
             try:
                 # The claim and the sweep run on the worker's pool.
-                settings = {} if op in STATEMENT_RUNS else REQUEST_SETTINGS
+                settings = WORKER_SETTINGS if op in STATEMENT_RUNS else REQUEST_SETTINGS
                 plan = await explain_pooled(raw, stmt, params, "ANALYZE, BUFFERS", settings)
             finally:
                 await tx.rollback()

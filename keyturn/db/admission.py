@@ -75,7 +75,8 @@ _LOOKUP = Statement(
 # EXISTS: on a table never analyzed (a burst into a new database), NOT
 # EXISTS of a queued turn was planned as a sequential scan of every turn,
 # and min() is planned as the first entry of the session in the status's
-# index (tests/integration/test_plan_shapes.py runs both).
+# index (tests/integration/test_plan_shapes.py runs it on a table analyzed
+# and on one never analyzed).
 _IDLE = " AND ".join(
     f"""(SELECT min(b.admit_seq) FROM turns b
          WHERE b.session_id = s.id AND b.status = {literal(status)}) IS NULL"""

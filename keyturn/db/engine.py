@@ -191,6 +191,7 @@ async def raw_connect(url: str, *, server_settings: dict[str, str] | None = None
 # tests/integration/test_plan_shapes.py checks each statement's plan as its
 # pool makes it.
 REQUEST_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
+WORKER_SETTINGS: dict[str, str] = {}
 
 
 class Engine:

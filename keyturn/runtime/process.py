@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from keyturn.db import reads as db_reads
-from keyturn.db.engine import Engine, asyncpg_dsn, connect, create_engine
+from keyturn.db.engine import WORKER_SETTINGS, Engine, asyncpg_dsn, connect, create_engine
 from keyturn.db.listener import Listener
 from keyturn.db.records import EventRecord, SessionRecord, TurnRecord
 from keyturn.domain import History, Multitask, TurnStatus
@@ -111,6 +111,7 @@ class Runtime:
             pool_size=settings.work_pool,
             pool_timeout=settings.pool_timeout_s,
             per_tenant=False,
+            server_settings=WORKER_SETTINGS,
         )
         # New keys' turns, admitted together when they arrive together.
         self.admitter = Admitter(self.engine)

@@ -21,7 +21,7 @@ import pytest
 
 from bench.scale import expire_leases, explain_pooled, queue_turns, seed_sessions
 from keyturn.db import admission, leases, reads
-from keyturn.db.engine import REQUEST_SETTINGS
+from keyturn.db.engine import REQUEST_SETTINGS, WORKER_SETTINGS
 from keyturn.db.sql import Statement
 
 TABLES = {"sessions", "turns", "events", "session_keys", "key_tombstones"}
@@ -34,19 +34,20 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 async def _plan(
-    db: Any, stmt: Statement, *, run: bool = False, **params: Any
+    db: Any,
+    stmt: Statement,
+    *,
+    run: bool = False,
+    pool: dict[str, str] = REQUEST_SETTINGS,
+    **params: Any,
 ) -> list[dict[str, Any]]:
-    """The plan's nodes as its pool makes it (the worker's statements,
-    ``keyturn.db.leases``, on the worker's pool; the rest on the requests'),
-    and with ``run`` run too (EXPLAIN ANALYZE: each node's actual loops)."""
+    """The plan's nodes as the pool of these settings makes it (the
+    requests' unless told: the worker's statements, ``keyturn.db.leases``,
+    run on the worker's), and with ``run`` run too (EXPLAIN ANALYZE: each
+    node's actual loops)."""
     options = "ANALYZE, FORMAT JSON" if run else "FORMAT JSON"
-    raw = await explain_pooled(db, stmt, params, options, _settings(stmt))
+    raw = await explain_pooled(db, stmt, params, options, pool)
     return list(_nodes(json.loads(raw)[0]["Plan"]))
-
-
-def _settings(stmt: Statement) -> dict[str, str]:
-    worker = {leases._CLAIM.sql, leases._INTERRUPT_EXPIRED.sql}
-    return {} if stmt.sql in worker else REQUEST_SETTINGS
 
 
 def _scans(nodes: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -161,13 +162,13 @@ async def test_a_page_of_sessions_is_a_range_of_the_tenant_index(
 
 
 async def test_the_claim_reads_the_queue_index(db: Any, record: dict[str, Any]) -> None:
-    nodes = await _plan(db, leases._CLAIM, owner="w", ttl=10.0, limit=32)
+    nodes = await _plan(db, leases._CLAIM, pool=WORKER_SETTINGS, owner="w", ttl=10.0, limit=32)
     assert "ix_turns_queued" in _indexes(nodes)
     _no_seq_scan(nodes)
 
 
 async def test_the_sweep_reads_the_index_of_running_leases(db: Any, record: dict[str, Any]) -> None:
-    nodes = await _plan(db, leases._INTERRUPT_EXPIRED, by="w")
+    nodes = await _plan(db, leases._INTERRUPT_EXPIRED, pool=WORKER_SETTINGS, by="w")
     assert "ix_turns_running_lease" in _indexes(nodes)
     _no_seq_scan(nodes)
 
@@ -264,7 +265,9 @@ async def test_the_claim_reads_the_heads_of_a_long_queue_not_the_whole_of_it(
     tx = db.transaction()
     await tx.start()
     try:
-        raw = await explain_pooled(db, leases._CLAIM, params, "ANALYZE, FORMAT JSON", {})
+        raw = await explain_pooled(
+            db, leases._CLAIM, params, "ANALYZE, FORMAT JSON", WORKER_SETTINGS
+        )
     finally:
         await tx.rollback()
     tx = db.transaction()
