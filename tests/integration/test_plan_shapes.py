@@ -12,7 +12,10 @@ what must not be missing is the ordered index read."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -20,9 +23,10 @@ from typing import Any
 import pytest
 
 from bench.scale import expire_leases, explain_pooled, queue_turns, seed_sessions
-from keyturn.db import admission, leases, reads
-from keyturn.db.engine import REQUEST_SETTINGS, WORKER_SETTINGS
+from keyturn.db import admission, cancels, leases, reads
+from keyturn.db.engine import REQUEST_SETTINGS, WORKER_SETTINGS, Engine, connect, create_engine
 from keyturn.db.sql import Statement
+from keyturn.runtime.planner import first_statistics
 
 TABLES = {"sessions", "turns", "events", "session_keys", "key_tombstones"}
 
@@ -337,3 +341,95 @@ async def test_a_rejecting_admission_asks_whether_its_session_is_idle_of_the_ses
             for n in _nodes(json.loads(raw)[0]["Plan"])
             if n.get("Relation Name") == "turns"
         ]
+
+
+async def _kept_plan(
+    engine: Engine, stmt: Statement, params: dict[str, Any], *, calls: int = 1
+) -> list[dict[str, Any]]:
+    """Run ``stmt`` ``calls`` times on the engine's one connection, then
+    EXPLAIN ANALYZE the plan that connection keeps for it (the driver's
+    prepared statement), with the same values, in a transaction rolled back."""
+    args = [params[n] for n in stmt.names]
+    async with connect(engine) as conn:
+        for _ in range(calls):
+            await stmt.fetch(conn, **params)
+        name, types = await conn.driver.fetchrow(
+            "SELECT name, CAST(parameter_types AS text[]) FROM pg_prepared_statements"
+            " WHERE statement = $1",
+            stmt.sql,
+        )
+        literals = ", ".join(
+            f"quote_nullable(CAST(CAST(${i} AS {t}) AS text)) || '::{t}'"
+            for i, t in enumerate(types, start=1)
+        )
+        values = await conn.driver.fetchrow(f"SELECT {literals}", *args)
+        tx = conn.driver.transaction()
+        await tx.start()
+        try:
+            raw = await conn.driver.fetchval(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}({', '.join(values)})"
+            )
+        finally:
+            await tx.rollback()
+    # The pool's connections decode JSON themselves.
+    return list(_nodes(raw[0]["Plan"]))
+
+
+async def test_plans_kept_from_before_a_new_databases_first_statistics_are_made_again(
+    database_url: str, db: Any
+) -> None:
+    """A pooled connection keeps its plans; on a new database, the ones made
+    before any statistics read the whole of what they look in once the
+    tables fill (the lookup every turn of its session, the worker's cancel
+    check every turn). The process analyzes the tables once they hold ten
+    pages (keyturn.runtime.planner), and the kept plans are made again."""
+    requests = create_engine(database_url, pool_size=1, server_settings=REQUEST_SETTINGS)
+    work = create_engine(
+        database_url, pool_size=1, per_tenant=False, server_settings=WORKER_SETTINGS
+    )
+    session = uuid.uuid4()
+    lookup = {"tenant": "", "session_id": session, "key": "new-key", "key_retention_s": None}
+    try:
+        assert await db.fetchval("SELECT reltuples FROM pg_class WHERE relname = 'turns'") < 0
+        # Made on the empty tables, and kept: the worker's pool plans a
+        # statement's first five calls for their values, then keeps one.
+        await _kept_plan(requests, admission._LOOKUP, lookup)
+        await _kept_plan(work, cancels._REQUESTED_OF, {"turn_ids": [uuid.uuid4()]}, calls=6)
+
+        await db.execute("INSERT INTO sessions (id, default_history) VALUES ($1, 'NONE')", session)
+        await seed_sessions(db, 40, 120)
+        await db.execute(
+            "INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history,"
+            " status, admit_seq, completed_at)"
+            " SELECT gen_random_uuid(), $1, 'done' || n, 'fp', 'x', 'NONE', 'COMPLETED', n, now()"
+            " FROM generate_series(1, 500) n",
+            session,
+        )
+        turn_ids = [r["id"] for r in await db.fetch("SELECT id FROM turns LIMIT 20")]
+
+        task = asyncio.create_task(first_statistics(work, interval_s=0.1))
+        try:
+            deadline = time.monotonic() + 20
+            while (
+                await db.fetchval(
+                    "SELECT count(*) FROM pg_stat_user_tables WHERE last_analyze IS NOT NULL"
+                    " AND relname = ANY($1)",
+                    ["turns", "events", "session_keys"],
+                )
+                < 3
+            ):
+                assert time.monotonic() < deadline, "the grown tables were not analyzed"
+                await asyncio.sleep(0.1)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        nodes = await _kept_plan(requests, admission._LOOKUP, lookup)
+        assert _rows_read(nodes, "turns") <= 1, _scans(nodes)
+        nodes = await _kept_plan(work, cancels._REQUESTED_OF, {"turn_ids": turn_ids})
+        _no_seq_scan(nodes)
+        assert _rows_read(nodes, "turns") == 20
+    finally:
+        await requests.dispose()
+        await work.dispose()

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from keyturn.db import planner
 from keyturn.http import metrics
 from tests.support import InProcessServer
 
@@ -65,12 +66,24 @@ def break_task(name: str, runtime: Any, monkeypatch: pytest.MonkeyPatch) -> list
     elif name == "metrics-sampler":
         wrapper, calls = fail_once(metrics.sample)
         monkeypatch.setattr(metrics, "sample", wrapper)
+    elif name == "statistics":
+        # A new database's tables are small: the task looks every second.
+        wrapper, calls = fail_once(planner.small_tables)
+        monkeypatch.setattr(planner, "small_tables", wrapper)
     else:
         raise AssertionError(name)
     return calls
 
 
-TASKS = ["worker", "bus-poll", "listener", "notifier", "auth-watch", "metrics-sampler"]
+TASKS = [
+    "worker",
+    "bus-poll",
+    "listener",
+    "notifier",
+    "statistics",
+    "auth-watch",
+    "metrics-sampler",
+]
 
 
 def test_every_background_task_is_supervised(server: InProcessServer) -> None:
