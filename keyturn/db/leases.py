@@ -186,8 +186,13 @@ _FINISH = Statement(
             CAST(:datas AS jsonb[]), CAST(:deltas AS jsonb[])
         ) AS x(id, epoch, status, output, error, type, data, delta)
     ), s AS (
+        -- Each turn's session by its id, one probe of the primary key per
+        -- turn: as a join, a plan made when the tables were small walked
+        -- every session's turns (ix_turns_session_admit) and kept doing so
+        -- as they grew.
         SELECT sessions.id FROM sessions
-        WHERE sessions.id IN (SELECT t.session_id FROM turns t JOIN x ON x.id = t.id)
+        WHERE sessions.id IN (SELECT (SELECT t.session_id FROM turns t WHERE t.id = x.id)
+                              FROM x)
         ORDER BY sessions.id
         FOR UPDATE OF sessions
     ), u AS (

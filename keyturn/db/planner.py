@@ -1,22 +1,28 @@
-"""The first statistics of a new database's tables, for PostgreSQL's planner.
+"""Statistics for PostgreSQL's planner that keep up with a young, fast-growing
+table.
 
 A pooled connection keeps each statement's plan: the requests' pool its
 generic plan from the first call (keyturn.db.engine.REQUEST_SETTINGS), the
 worker's pool PostgreSQL's own choice, which after a few calls is a cached
-generic plan too. A cached plan is made again only when a table it reads
-gets new statistics (ANALYZE). Until a table has statistics the planner
-takes it for ten pages of rows it knows nothing about, and on a new database
-autovacuum analyzes a table only on its first round after the table changed
-(``autovacuum_naptime``: a minute by default). Plans made in between are kept
-while the table grows. Measured on a new database (tests/integration/
-test_plan_shapes.py, and ``python -m bench.cpu new``, whose database time
-per request grew round after round until autovacuum's first analyze): the
-admission lookup found its key by reading every turn of the session along
-``ix_turns_session_admit``, and the worker's cancel check read every turn.
+generic plan too. A kept plan is made again only when a table it reads gets
+new statistics. Until a table has any, the planner takes it for ten pages of
+rows it knows nothing about; afterwards, for the size its statistics were
+taken at. Autovacuum analyzes a table once a tenth of it has changed, but
+only on its next round (``autovacuum_naptime``: a minute by default), and
+in a minute a young table can grow many times over. Plans made in between
+are kept while it grows. Measured on a new database
+(tests/integration/test_plan_shapes.py; ``python -m bench.cpu new``, whose
+database time per request grew round after round until autovacuum's first
+analyze): the admission lookup found its key by reading every turn of its
+session along ``ix_turns_session_admit``, and the worker's cancel check read
+every turn.
 
-So a process analyzes these tables itself, once each, when one has grown
-past ``MIN_PAGES`` with statistics made from fewer (or none); then autovacuum
-keeps them.
+So a process analyzes a table of these itself once it holds ten pages and
+twice the rows its statistics counted (or has none): a handful of times in a
+table's life, the first within a second of it filling. Rows are counted as
+committed (``pg_stat_get_live_tuples``), not as pages: an ANALYZE in the
+middle of a long insert counts none of its rows, and the pages it adds show
+before they commit.
 """
 
 from __future__ import annotations
@@ -31,32 +37,46 @@ TABLES = ("sessions", "turns", "events", "session_keys")
 # Below ten pages the planner assumes ten pages anyway (PostgreSQL's
 # estimate_rel_size), so statistics from a smaller table tell it nothing.
 MIN_PAGES = 10
+# How much a table may grow past the rows its statistics counted.
+GROWTH = 2
 
-_SMALL = Statement(
+_SIZES = Statement(
     """
     SELECT c.relname AS name,
-           pg_relation_size(c.oid)
-               >= CAST(:min_pages AS bigint) * current_setting('block_size')::bigint AS grown
+           pg_relation_size(c.oid) / current_setting('block_size')::bigint AS pages,
+           pg_stat_get_live_tuples(c.oid) AS live,
+           CAST(greatest(c.reltuples, 0) AS bigint) AS counted
     FROM pg_class c
     WHERE c.oid = ANY(CAST(CAST(:tables AS text[]) AS regclass[]))
-      AND c.relpages < :min_pages
+      -- Those this role may analyze: its own (or a role's it belongs to).
+      AND pg_has_role(c.relowner, 'USAGE')
     ORDER BY array_position(CAST(:tables AS text[]), CAST(c.relname AS text))
     """
 )
 
 
 @dataclass(frozen=True, slots=True)
-class SmallTable:
-    """A table whose statistics come from fewer than ``MIN_PAGES`` pages
-    (or that was never analyzed), and whether it now holds that many."""
+class TableSize:
+    """A table's pages and committed rows now, and the rows its statistics
+    counted (0: none yet)."""
 
     name: str
-    grown: bool
+    pages: int
+    live: int
+    counted: int
+
+    @property
+    def outgrown(self) -> bool:
+        """Whether its statistics are too small for it: it holds
+        ``MIN_PAGES`` pages and ``GROWTH`` times the rows they counted.
+        (ANALYZE sets both counts, so one analyze puts it right.)"""
+        return self.pages >= MIN_PAGES and self.live >= GROWTH * max(self.counted, 1)
 
 
-async def small_tables(conn: Conn) -> list[SmallTable]:
-    rows = await _SMALL.fetch(conn, tables=list(TABLES), min_pages=MIN_PAGES)
-    return [SmallTable(r["name"], r["grown"]) for r in rows]
+async def sizes(conn: Conn) -> list[TableSize]:
+    """The tables of :data:`TABLES` this role may analyze (it owns them)."""
+    rows = await _SIZES.fetch(conn, tables=list(TABLES))
+    return [TableSize(r["name"], r["pages"], r["live"], r["counted"]) for r in rows]
 
 
 async def analyze(conn: Conn, names: list[str]) -> None:

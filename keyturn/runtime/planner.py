@@ -1,5 +1,5 @@
-"""The first statistics of a new database (:mod:`keyturn.db.planner`): a
-supervised task of every process, over once each table has them."""
+"""Statistics that keep up with a young table (:mod:`keyturn.db.planner`):
+a supervised task of every process."""
 
 from __future__ import annotations
 
@@ -13,34 +13,27 @@ from keyturn.errors import DatabaseUnavailable
 log = logging.getLogger(__name__)
 
 # How often a process looks: the plans its connections keep meanwhile are
-# the ones made without statistics.
+# the ones made from the statistics before. One read of the catalog.
 INTERVAL_S = 1.0
 
 
-async def first_statistics(engine: Engine, *, interval_s: float = INTERVAL_S) -> None:
-    """Every ``interval_s``, analyze the tables that have grown past
-    ``MIN_PAGES`` on statistics from fewer pages. Returns once no table is
-    left on such statistics, or each one left was analyzed by this process
-    already (one it may not analyze, owned by another role, is not asked
-    again: PostgreSQL skips it with a warning). On a database whose tables
-    stay small, it keeps looking: one read of the catalog a second."""
-    tried: set[str] = set()
+async def keep_statistics(engine: Engine, *, interval_s: float = INTERVAL_S) -> None:
+    """Every ``interval_s``, analyze the tables whose statistics are too
+    small for them (:attr:`~keyturn.db.planner.TableSize.outgrown`). A
+    table another process was analyzing at that moment is looked at again
+    on the next round."""
     while True:
         try:
             async with connect(engine) as conn:
-                small = await planner.small_tables(conn)
-                grown = [t.name for t in small if t.grown and t.name not in tried]
-                if grown:
-                    await planner.analyze(conn, grown)
-                    tried.update(grown)
+                due = [t for t in await planner.sizes(conn) if t.outgrown]
+                if due:
+                    await planner.analyze(conn, [t.name for t in due])
                     log.info(
-                        "analyzed %s: the first statistics of %s for the planner",
-                        ", ".join(grown),
-                        "this table" if len(grown) == 1 else "these tables",
+                        "analyzed for the planner: %s",
+                        ", ".join(
+                            f"{t.name} ({t.live} rows, statistics of {t.counted})" for t in due
+                        ),
                     )
         except DatabaseUnavailable:
             pass  # the next look tries again
-        else:
-            if all(t.name in tried for t in small):
-                return
         await asyncio.sleep(interval_s)

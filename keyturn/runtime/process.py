@@ -42,7 +42,7 @@ from keyturn.runtime.deletion import (
     delete_session,
 )
 from keyturn.runtime.model import FixtureModel, Model
-from keyturn.runtime.planner import first_statistics
+from keyturn.runtime.planner import keep_statistics
 from keyturn.runtime.python_tools import load_python_tools
 from keyturn.runtime.reads import Reads
 from keyturn.runtime.resolution import (
@@ -161,9 +161,9 @@ class Runtime:
         self.supervisor.add("bus-poll", self.bus.poll_forever)
         self.supervisor.add("listener", self.listener.supervise)
         self.supervisor.add("notifier", self.listener.send_forever)
-        # A new database's tables get their first statistics as soon as they
-        # fill, not on autovacuum's first round (keyturn.db.planner).
-        self.supervisor.add("statistics", lambda: first_statistics(self.work_engine))
+        # A young table gets statistics as it grows, not on autovacuum's next
+        # round (keyturn.db.planner).
+        self.supervisor.add("statistics", lambda: keep_statistics(self.work_engine))
         # The sweeper runs only when something may be pruned; every process
         # runs it, and their batches skip each other's sessions.
         self.sweeper = Sweeper(

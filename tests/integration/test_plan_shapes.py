@@ -26,7 +26,7 @@ from bench.scale import expire_leases, explain_pooled, queue_turns, seed_session
 from keyturn.db import admission, cancels, leases, reads
 from keyturn.db.engine import REQUEST_SETTINGS, WORKER_SETTINGS, Engine, connect, create_engine
 from keyturn.db.sql import Statement
-from keyturn.runtime.planner import first_statistics
+from keyturn.runtime.planner import keep_statistics
 
 TABLES = {"sessions", "turns", "events", "session_keys", "key_tombstones"}
 
@@ -346,9 +346,10 @@ async def test_a_rejecting_admission_asks_whether_its_session_is_idle_of_the_ses
 async def _kept_plan(
     engine: Engine, stmt: Statement, params: dict[str, Any], *, calls: int = 1
 ) -> list[dict[str, Any]]:
-    """Run ``stmt`` ``calls`` times on the engine's one connection, then
-    EXPLAIN ANALYZE the plan that connection keeps for it (the driver's
-    prepared statement), with the same values, in a transaction rolled back."""
+    """Run ``stmt`` ``calls`` times on the engine's one connection (it was
+    prepared there already when none), then EXPLAIN ANALYZE the plan that
+    connection keeps for it (the driver's prepared statement), with the same
+    values, in a transaction rolled back."""
     args = [params[n] for n in stmt.names]
     async with connect(engine) as conn:
         for _ in range(calls):
@@ -375,20 +376,38 @@ async def _kept_plan(
     return list(_nodes(raw[0]["Plan"]))
 
 
+async def _analyzed(db: Any, tables: list[str], times: int = 1) -> None:
+    """Wait until each of ``tables`` was analyzed (by hand, not by
+    autovacuum) at least ``times`` times."""
+    deadline = time.monotonic() + 20
+    query = (
+        "SELECT count(*) FROM pg_stat_user_tables WHERE relname = ANY($1) AND analyze_count >= $2"
+    )
+    while await db.fetchval(query, tables, times) < len(tables):
+        assert time.monotonic() < deadline, await db.fetch(
+            "SELECT relname, analyze_count, pg_relation_size(relid) / 8192 AS pages"
+            " FROM pg_stat_user_tables WHERE relname = ANY($1)",
+            tables,
+        )
+        await asyncio.sleep(0.1)
+
+
 async def test_plans_kept_from_before_a_new_databases_first_statistics_are_made_again(
     database_url: str, db: Any
 ) -> None:
     """A pooled connection keeps its plans; on a new database, the ones made
     before any statistics read the whole of what they look in once the
     tables fill (the lookup every turn of its session, the worker's cancel
-    check every turn). The process analyzes the tables once they hold ten
-    pages (keyturn.runtime.planner), and the kept plans are made again."""
+    check every turn). The process analyzes a table once it holds ten pages,
+    and again each time it doubles (keyturn.runtime.planner); the kept
+    plans are made again."""
     requests = create_engine(database_url, pool_size=1, server_settings=REQUEST_SETTINGS)
     work = create_engine(
         database_url, pool_size=1, per_tenant=False, server_settings=WORKER_SETTINGS
     )
     session = uuid.uuid4()
     lookup = {"tenant": "", "session_id": session, "key": "new-key", "key_retention_s": None}
+    task = asyncio.create_task(keep_statistics(work, interval_s=0.1))
     try:
         assert await db.fetchval("SELECT reltuples FROM pg_class WHERE relname = 'turns'") < 0
         # Made on the empty tables, and kept: the worker's pool plans a
@@ -406,30 +425,78 @@ async def test_plans_kept_from_before_a_new_databases_first_statistics_are_made_
             session,
         )
         turn_ids = [r["id"] for r in await db.fetch("SELECT id FROM turns LIMIT 20")]
-
-        task = asyncio.create_task(first_statistics(work, interval_s=0.1))
-        try:
-            deadline = time.monotonic() + 20
-            while (
-                await db.fetchval(
-                    "SELECT count(*) FROM pg_stat_user_tables WHERE last_analyze IS NOT NULL"
-                    " AND relname = ANY($1)",
-                    ["turns", "events", "session_keys"],
-                )
-                < 3
-            ):
-                assert time.monotonic() < deadline, "the grown tables were not analyzed"
-                await asyncio.sleep(0.1)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _analyzed(db, ["turns", "events", "session_keys"])
 
         nodes = await _kept_plan(requests, admission._LOOKUP, lookup)
         assert _rows_read(nodes, "turns") <= 1, _scans(nodes)
         nodes = await _kept_plan(work, cancels._REQUESTED_OF, {"turn_ids": turn_ids})
         _no_seq_scan(nodes)
         assert _rows_read(nodes, "turns") == 20
+
+        # Three times the turns: analyzed again, once.
+        await seed_sessions(db, 120, 120, first=41)
+        await _analyzed(db, ["turns", "events"], times=2)
+        await asyncio.sleep(0.5)  # five more looks
+        assert (
+            await db.fetchval(
+                "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'turns'"
+            )
+            == 2
+        )
     finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
         await requests.dispose()
+        await work.dispose()
+
+
+async def test_a_finish_kept_from_a_small_table_reads_its_turns_by_id(
+    db: Any, database_url: str
+) -> None:
+    """The finish's plan, kept from when each session held a few turns,
+    still reads each finished turn by its id once sessions hold hundreds
+    (before any new statistics): not every turn of every session."""
+    work = create_engine(
+        database_url, pool_size=1, per_tenant=False, server_settings=WORKER_SETTINGS
+    )
+    finish = {
+        "turn_ids": [uuid.uuid4()],
+        "epochs": [1],
+        "statuses": ["COMPLETED"],
+        "outputs": ["x"],
+        "errors": [None],
+        "types": ["turn.completed"],
+        "datas": ["{}"],
+        "deltas": [None],
+    }
+    try:
+        await seed_sessions(db, 64, 8)
+        await db.execute("ANALYZE")
+        await _kept_plan(work, leases._FINISH, finish, calls=6)
+        await seed_sessions(db, 64, 300, first=64)
+        running = [
+            r["id"]
+            for r in await db.fetch(
+                "SELECT DISTINCT ON (session_id) id FROM turns"
+                " ORDER BY session_id, admit_seq DESC LIMIT 8"
+            )
+        ]
+        await db.execute(
+            "UPDATE turns SET status = 'RUNNING', epoch = 1, completed_at = NULL"
+            " WHERE id = ANY($1)",
+            running,
+        )
+        n = len(running)
+        nodes = await _kept_plan(
+            work,
+            leases._FINISH,
+            {
+                **{k: v * n for k, v in finish.items() if k != "turn_ids"},
+                "turn_ids": running,
+            },
+            calls=0,
+        )
+        assert _rows_read(nodes, "turns") <= 4 * n, _scans(nodes)
+    finally:
         await work.dispose()

@@ -67,9 +67,9 @@ def break_task(name: str, runtime: Any, monkeypatch: pytest.MonkeyPatch) -> list
         wrapper, calls = fail_once(metrics.sample)
         monkeypatch.setattr(metrics, "sample", wrapper)
     elif name == "statistics":
-        # A new database's tables are small: the task looks every second.
-        wrapper, calls = fail_once(planner.small_tables)
-        monkeypatch.setattr(planner, "small_tables", wrapper)
+        # The task looks every second.
+        wrapper, calls = fail_once(planner.sizes)
+        monkeypatch.setattr(planner, "sizes", wrapper)
     else:
         raise AssertionError(name)
     return calls
