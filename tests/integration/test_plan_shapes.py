@@ -460,7 +460,7 @@ async def test_a_finish_kept_from_a_small_table_reads_its_turns_by_id(
     work = create_engine(
         database_url, pool_size=1, per_tenant=False, server_settings=WORKER_SETTINGS
     )
-    finish = {
+    finish: dict[str, list[Any]] = {
         "turn_ids": [uuid.uuid4()],
         "epochs": [1],
         "statuses": ["COMPLETED"],
