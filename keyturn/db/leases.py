@@ -21,7 +21,7 @@ from keyturn.db.engine import Conn
 from keyturn.db.failures import DRIVER_ERRORS, violated
 from keyturn.db.records import TurnRecord, turn_from
 from keyturn.db.sql import Statement, append_event, columns, literal, literals
-from keyturn.db.tables import Turn
+from keyturn.db.tables import QUEUED_BY_AGE, Turn
 from keyturn.domain import EventType, TurnStatus
 
 QUEUED, RUNNING = literal(TurnStatus.QUEUED), literal(TurnStatus.RUNNING)
@@ -44,8 +44,9 @@ SESSION_OF_TURN = """
 # its session runs or waits. Two ways to find the oldest ready heads:
 #
 # - ``near``: the oldest queued turns (at most _NEAR of them, walked one
-#   index probe at a time along ix_turns_queued_age), each kept if it heads
-#   its session and the session is free. When turns wait across many
+#   index probe at a time along ix_turns_queued_age, whose predicate the
+#   walk repeats: no other statement can read that index), each kept if it
+#   heads its session and the session is free. When turns wait across many
 #   sessions (one each, say), the oldest ones are heads and this alone fills
 #   the claim, whatever the queue's size.
 # - ``far``: every session's head, one index probe per session with queued
@@ -78,13 +79,13 @@ _CLAIM = Statement(
     f"""
     WITH RECURSIVE oldest AS (
         (SELECT id, session_id, admit_seq, created_at, 1 AS n FROM turns
-         WHERE status = {QUEUED}
+         WHERE {QUEUED_BY_AGE}
          ORDER BY created_at, admit_seq
          LIMIT 1)
         UNION ALL
         SELECT x.id, x.session_id, x.admit_seq, x.created_at, o.n + 1 FROM oldest o
         CROSS JOIN LATERAL (SELECT id, session_id, admit_seq, created_at FROM turns
-                            WHERE status = {QUEUED}
+                            WHERE {QUEUED_BY_AGE}
                               AND (created_at, admit_seq) > (o.created_at, o.admit_seq)
                             ORDER BY created_at, admit_seq
                             LIMIT 1) x
@@ -122,12 +123,18 @@ _CLAIM = Statement(
         SELECT id FROM sessions WHERE id IN (SELECT session_id FROM ready)
         FOR UPDATE SKIP LOCKED
     ), c AS (
-        SELECT t.id FROM turns t JOIN ready r ON r.id = t.id JOIN s ON s.id = t.session_id
+        -- The status as the lock found it (the row's latest version): still
+        -- queued, or taken meanwhile (cancelled, say).
+        SELECT t.id, t.status FROM turns t
+        JOIN ready r ON r.id = t.id JOIN s ON s.id = t.session_id
         FOR UPDATE OF t SKIP LOCKED
     ), u AS (
+        -- Each row by its id: with the status tested on the turns read here
+        -- instead, statistics taken while nothing was queued let the plan
+        -- read every queued turn (ix_turns_queued) to find the few locked.
         UPDATE turns SET status = {RUNNING}, owner = :owner, epoch = turns.epoch + 1,
                started_at = now(), lease_until = now() + make_interval(secs => :ttl)
-        FROM c WHERE turns.id = c.id AND turns.status = {QUEUED}
+        FROM c WHERE turns.id = c.id AND c.status = {QUEUED}
         RETURNING turns.*
     ), {
         append_event(
