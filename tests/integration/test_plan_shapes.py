@@ -398,11 +398,14 @@ async def _kept_plan(
 
 
 async def _analyzed(db: Any, tables: list[str], times: int = 1) -> None:
-    """Wait until each of ``tables`` was analyzed (by hand, not by
-    autovacuum) at least ``times`` times."""
+    """Wait until each of ``tables`` was analyzed at least ``times`` times,
+    by the statistics task or, had it come first, by autovacuum (the task
+    then finds nothing to do, and the kept plans are made again all the
+    same)."""
     deadline = time.monotonic() + 20
     query = (
-        "SELECT count(*) FROM pg_stat_user_tables WHERE relname = ANY($1) AND analyze_count >= $2"
+        "SELECT count(*) FROM pg_stat_user_tables WHERE relname = ANY($1)"
+        " AND analyze_count + autoanalyze_count >= $2"
     )
     while await db.fetchval(query, tables, times) < len(tables):
         assert time.monotonic() < deadline, await db.fetch(
@@ -454,7 +457,7 @@ async def test_plans_kept_from_before_a_new_databases_first_statistics_are_made_
         _no_seq_scan(nodes)
         assert _rows_read(nodes, "turns") == 20
 
-        # Three times the turns: analyzed again, once.
+        # Three times the turns: analyzed again, and then left alone.
         await seed_sessions(db, 120, 120, first=41)
         await _analyzed(db, ["turns", "events"], times=2)
         await asyncio.sleep(0.5)  # five more looks
@@ -462,7 +465,7 @@ async def test_plans_kept_from_before_a_new_databases_first_statistics_are_made_
             await db.fetchval(
                 "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'turns'"
             )
-            == 2
+            <= 2
         )
     finally:
         task.cancel()
