@@ -65,12 +65,13 @@ class TableSize:
     live: int
     counted: int
 
-    @property
-    def outgrown(self) -> bool:
+    def outgrown(self, tried_at: int = 0) -> bool:
         """Whether its statistics are too small for it: it holds
-        ``MIN_PAGES`` pages and ``GROWTH`` times the rows they counted.
-        (ANALYZE sets both counts, so one analyze puts it right.)"""
-        return self.pages >= MIN_PAGES and self.live >= GROWTH * max(self.counted, 1)
+        ``MIN_PAGES`` pages and ``GROWTH`` times the rows they counted
+        (ANALYZE sets both counts, so one analyze puts it right), and
+        ``GROWTH`` times the rows it held when an analyze of it was last
+        tried (``tried_at``), whatever came of that."""
+        return self.pages >= MIN_PAGES and self.live >= GROWTH * max(self.counted, tried_at, 1)
 
 
 async def sizes(conn: Conn) -> list[TableSize]:

@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 
 from bench.scale import expire_leases, explain_pooled, queue_turns, seed_sessions
-from keyturn.db import admission, cancels, leases, reads
+from keyturn.db import admission, cancels, leases, planner, reads
 from keyturn.db.engine import REQUEST_SETTINGS, WORKER_SETTINGS, Engine, connect, create_engine
 from keyturn.db.sql import Statement
+from keyturn.errors import DatabaseBusy
 from keyturn.runtime.planner import keep_statistics
 
 TABLES = {"sessions", "turns", "events", "session_keys", "key_tombstones"}
@@ -523,4 +524,42 @@ async def test_a_finish_kept_from_a_small_table_reads_its_turns_by_id(
         )
         assert _rows_read(nodes, "turns") <= 4 * n, _scans(nodes)
     finally:
+        await work.dispose()
+
+
+async def test_an_analyze_that_fails_is_tried_again_only_once_the_table_doubles(
+    database_url: str, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A statement timeout on a large table, say: not an ANALYZE every
+    second, but one more when the table has twice the rows again."""
+    work = create_engine(
+        database_url, pool_size=1, per_tenant=False, server_settings=WORKER_SETTINGS
+    )
+    tried: list[list[str]] = []
+
+    async def times_out(_conn: Any, names: list[str]) -> None:
+        tried.append(names)
+        raise DatabaseBusy()
+
+    monkeypatch.setattr(planner, "analyze", times_out)
+    await seed_sessions(db, 40, 120)
+    task = asyncio.create_task(keep_statistics(work, interval_s=0.05))
+    try:
+        deadline = time.monotonic() + 20
+        while not tried:
+            assert time.monotonic() < deadline, "no analyze was tried"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # ten more looks
+        assert len(tried) == 1 and "turns" in tried[0], tried
+
+        await seed_sessions(db, 120, 120, first=41)
+        while len(tried) < 2:
+            assert time.monotonic() < deadline + 20, "the doubled table was not tried again"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        assert len(tried) == 2 and "turns" in tried[1], tried
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
         await work.dispose()
