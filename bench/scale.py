@@ -525,10 +525,25 @@ async def explain_pooled(
     (the requests' pool by default: its generic plan, made without the
     values; with none, PostgreSQL's own choice for a statement's first
     calls, a plan made for the values). The statement is prepared, then
-    executed with these values; EXECUTE takes no bound parameters, so each
-    value goes in as a literal of the type PostgreSQL inferred for it."""
+    executed with these values (:func:`execute_arguments`)."""
     name = f"plan_{uuid.uuid4().hex}"
     await db.execute(f"PREPARE {name} AS {stmt.sql}")
+    values = await execute_arguments(db, name, [params[n] for n in stmt.names])
+    await db.execute("RESET plan_cache_mode")
+    for setting, value in settings.items():
+        await db.execute(f"SET {setting} = {value}")
+    rows = await db.fetch(f"EXPLAIN ({options}) EXECUTE {name}({values})")
+    await db.execute(f"DEALLOCATE {name}")
+    return "\n".join(row[0] for row in rows)
+
+
+async def execute_arguments(db: Any, name: str, args: list[Any]) -> str:
+    """The argument list of ``EXECUTE name(...)`` for these values: EXECUTE
+    takes no bound parameters, so each goes in as a literal of the type
+    PostgreSQL inferred for the prepared statement's parameter (one round
+    trip for all of them)."""
+    if not args:
+        return ""
     types = await db.fetchval(
         "SELECT CAST(parameter_types AS text[]) FROM pg_prepared_statements WHERE name = $1", name
     )
@@ -536,14 +551,7 @@ async def explain_pooled(
         f"quote_nullable(CAST(CAST(${i} AS {t}) AS text)) || '::{t}'"
         for i, t in enumerate(types, start=1)
     )
-    args = [params[n] for n in stmt.names]
-    values = list(await db.fetchrow(f"SELECT {literals}", *args)) if args else []
-    await db.execute("RESET plan_cache_mode")
-    for setting, value in settings.items():
-        await db.execute(f"SET {setting} = {value}")
-    rows = await db.fetch(f"EXPLAIN ({options}) EXECUTE {name}({', '.join(values)})")
-    await db.execute(f"DEALLOCATE {name}")
-    return "\n".join(row[0] for row in rows)
+    return ", ".join(await db.fetchrow(f"SELECT {literals}", *args))
 
 
 async def explain(url: str, op: str, place: Place) -> list[dict[str, str]]:

@@ -22,7 +22,13 @@ from typing import Any
 
 import pytest
 
-from bench.scale import expire_leases, explain_pooled, queue_turns, seed_sessions
+from bench.scale import (
+    execute_arguments,
+    expire_leases,
+    explain_pooled,
+    queue_turns,
+    seed_sessions,
+)
 from keyturn.db import admission, cancels, leases, planner, reads
 from keyturn.db.engine import REQUEST_SETTINGS, WORKER_SETTINGS, Engine, connect, create_engine
 from keyturn.db.sql import Statement
@@ -372,25 +378,18 @@ async def _kept_plan(
     prepared there already when none), then EXPLAIN ANALYZE the plan that
     connection keeps for it (the driver's prepared statement), with the same
     values, in a transaction rolled back."""
-    args = [params[n] for n in stmt.names]
     async with connect(engine) as conn:
         for _ in range(calls):
             await stmt.fetch(conn, **params)
-        name, types = await conn.driver.fetchrow(
-            "SELECT name, CAST(parameter_types AS text[]) FROM pg_prepared_statements"
-            " WHERE statement = $1",
-            stmt.sql,
+        name = await conn.driver.fetchval(
+            "SELECT name FROM pg_prepared_statements WHERE statement = $1", stmt.sql
         )
-        literals = ", ".join(
-            f"quote_nullable(CAST(CAST(${i} AS {t}) AS text)) || '::{t}'"
-            for i, t in enumerate(types, start=1)
-        )
-        values = await conn.driver.fetchrow(f"SELECT {literals}", *args)
+        values = await execute_arguments(conn.driver, name, [params[n] for n in stmt.names])
         tx = conn.driver.transaction()
         await tx.start()
         try:
             raw = await conn.driver.fetchval(
-                f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}({', '.join(values)})"
+                f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}({values})"
             )
         finally:
             await tx.rollback()

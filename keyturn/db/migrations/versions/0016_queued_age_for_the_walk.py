@@ -22,22 +22,19 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.drop_index("ix_turns_queued_age", table_name="turns")
-    op.create_index(
-        "ix_turns_queued_age",
-        "turns",
-        ["created_at", "admit_seq"],
-        unique=False,
-        postgresql_where=sa.text("status = 'QUEUED' AND epoch >= 0"),
-    )
+    _rebuild("status = 'QUEUED' AND epoch >= 0")
 
 
 def downgrade() -> None:
+    _rebuild("status = 'QUEUED'")
+
+
+def _rebuild(where: str) -> None:
     op.drop_index("ix_turns_queued_age", table_name="turns")
     op.create_index(
         "ix_turns_queued_age",
         "turns",
         ["created_at", "admit_seq"],
         unique=False,
-        postgresql_where=sa.text("status = 'QUEUED'"),
+        postgresql_where=sa.text(where),
     )
