@@ -492,7 +492,7 @@ async def _statements_of(
         }
         found = [("admission lookup", db_admission._LOOKUP, common)]
         if op == "admit":
-            found.append(("admission statement", db_admission._ADMIT, admit))
+            found.append(("admission statement", db_admission._ADMIT_ONE, admit))
         return found
     if op.startswith("page."):
         after = place["page_after"][op]

@@ -146,6 +146,50 @@ def _admit(guard: str) -> Statement:
     )
 
 
+# The same for one new key, the statement a lone submission sends (most of
+# them: a session rarely has two in flight). Scalar parameters instead of
+# one-element arrays, and no joins between the arrays, the keys and the
+# locked rows: PostgreSQL plans the batched form's joins for rows it cannot
+# count (hashes, a sort, a window), and builds them on every call, and it
+# reads the session by its primary key here where the batched form, planned
+# on a table of a few rows, may scan it (python -m bench.cpu new, the
+# database column; bench/README.md). What it writes is what the batched
+# form writes for one row (tests/integration/test_admitter.py sends the same
+# submissions through both and compares the answers and the record).
+def _admit_one(guard: str) -> Statement:
+    return Statement(
+        f"""
+    WITH s AS (
+        SELECT id, event_seq FROM sessions
+        WHERE id = :session_id AND tenant = :tenant
+        FOR UPDATE
+    ), k AS (
+        INSERT INTO session_keys (session_id, idempotency_key, kind, turn_id)
+        SELECT s.id, :key, {keys.TURN}, CAST(:turn_id AS uuid) FROM s
+        {guard}
+        ON CONFLICT DO NOTHING
+        RETURNING session_id
+    ), ins AS (
+        INSERT INTO turns (id, session_id, idempotency_key, fingerprint, input, history,
+                           status, admit_seq)
+        SELECT CAST(:turn_id AS uuid), s.id, :key, :fingerprint, :input, :history,
+               {literal(TurnStatus.QUEUED)}, s.event_seq + 1
+        FROM s JOIN k ON k.session_id = s.id
+        RETURNING {columns(Turn)}
+    ), bump AS (
+        UPDATE sessions SET event_seq = ins.admit_seq
+        FROM ins WHERE sessions.id = ins.session_id
+    ), ev AS (
+        INSERT INTO events (session_id, turn_id, seq, type, data)
+        SELECT ins.session_id, ins.id, ins.admit_seq, {literal(EventType.TURN_STARTED)},
+               CAST(:data AS jsonb) || jsonb_build_object('seq', ins.admit_seq)
+        FROM ins
+    )
+    SELECT * FROM ins
+    """
+    )
+
+
 # Two statements, not one with a flag: with REJECT's check behind a parameter,
 # PostgreSQL's generic plan kept the check's three subplans, costed above a
 # plan made for each call's values, so it planned every admission anew
@@ -156,6 +200,8 @@ _ADMIT = _admit("")
 # after the session row is locked, in the same transaction (insert_turn), so
 # this reads what the lock now guards.
 _ADMIT_IF_IDLE = _admit(f"WHERE {_IDLE}")
+_ADMIT_ONE = _admit_one("")
+_ADMIT_ONE_IF_IDLE = _admit_one(f"WHERE {_IDLE}")
 
 _BY_KEY = Statement(
     f"""
@@ -256,9 +302,29 @@ class NewTurn:
 async def admit_many(
     conn: Conn, new: Sequence[NewTurn], *, reject: bool = False
 ) -> dict[uuid.UUID, TurnRecord]:
-    """The turns admitted, by id, in one statement: a row whose key another
-    request already holds (or whose session is gone, or busy under
-    ``reject``) is not among them."""
+    """The turns admitted, by id, in one statement (the one-row form for a
+    lone key): a row whose key another request already holds (or whose
+    session is gone, or busy under ``reject``) is not among them."""
+    if len(new) != 1:
+        return await _admit_rows(conn, new, reject=reject)
+    one = new[0]
+    rows = await (_ADMIT_ONE_IF_IDLE if reject else _ADMIT_ONE).fetch(
+        conn,
+        turn_id=one.turn_id,
+        session_id=one.session_id,
+        tenant=one.tenant,
+        key=one.key,
+        fingerprint=one.fingerprint,
+        input=one.input,
+        history=one.history.value,
+        data=orjson.dumps(one.data).decode(),
+    )
+    return {turn.id: turn for turn in map(turn_from, rows)}
+
+
+async def _admit_rows(
+    conn: Conn, new: Sequence[NewTurn], *, reject: bool
+) -> dict[uuid.UUID, TurnRecord]:
     rows = await (_ADMIT_IF_IDLE if reject else _ADMIT).fetch(
         conn,
         turn_ids=[n.turn_id for n in new],

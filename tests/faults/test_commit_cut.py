@@ -24,7 +24,8 @@ from tests.support import GraphQLClient, InProcessServer, fast_settings, serve_i
 
 pytestmark = pytest.mark.slow
 
-# The statement that admits a new key (keyturn.db.admission._ADMIT).
+# The statement that admits a new key (keyturn.db.admission._ADMIT_ONE, or
+# _ADMIT for keys that arrive together): both insert the turn.
 ADMISSION = "INSERT INTO turns"
 
 

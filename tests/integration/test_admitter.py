@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from keyturn.db import admission
 from keyturn.db.admission import NewTurn
-from keyturn.db.engine import Engine, create_engine
+from keyturn.db.engine import Engine, connect, create_engine
 from keyturn.domain import History
 from keyturn.runtime.admission import AdmissionOutcome, admit_turn
 from keyturn.runtime.admitter import Admitter
@@ -162,3 +163,104 @@ async def test_a_session_held_by_another_writer_holds_up_only_its_own_submission
     # The free session's; the held one's first, waiting for it; then the
     # two that came meanwhile, together.
     assert admitter.statements == 3
+
+
+async def _record_of(db: Any, sid: uuid.UUID) -> dict[str, Any]:
+    """What the record holds of a session, without what differs by design
+    between two sessions (ids, times)."""
+    turns = await db.fetch(
+        "SELECT idempotency_key, fingerprint, input, history, status, admit_seq, epoch"
+        " FROM turns WHERE session_id = $1 ORDER BY admit_seq",
+        sid,
+    )
+    events = await db.fetch(
+        "SELECT e.seq, e.type, e.data, t.idempotency_key FROM events e"
+        " JOIN turns t ON t.id = e.turn_id WHERE e.session_id = $1 ORDER BY e.seq",
+        sid,
+    )
+    keys = await db.fetch(
+        "SELECT k.idempotency_key, k.kind, t.idempotency_key AS turn_key FROM session_keys k"
+        " LEFT JOIN turns t ON t.id = k.turn_id WHERE k.session_id = $1"
+        " ORDER BY k.idempotency_key",
+        sid,
+    )
+    counter = await db.fetchval("SELECT event_seq FROM sessions WHERE id = $1", sid)
+    return {
+        "turns": [dict(r) for r in turns],
+        "events": [dict(r) for r in events],
+        "keys": [dict(r) for r in keys],
+        "counter": counter,
+    }
+
+
+async def test_a_lone_key_is_written_as_the_batched_statement_writes_it(
+    engine: Engine, db: Any
+) -> None:
+    """A lone new key goes out as the one-row form of the admission
+    statement; a batch of one, as the batched form. The same submissions
+    through each, into two sessions alike, answer and write the same."""
+
+    async def one_row(conn: Any, new: NewTurn, reject: bool) -> Any:
+        return await admission.admit_many(conn, [new], reject=reject)
+
+    async def batched(conn: Any, new: NewTurn, reject: bool) -> Any:
+        return await admission._admit_rows(conn, [new], reject=reject)
+
+    texts = {"a": "hello", "b": 'héllo {"x": [1]} \u2603', "c": "third"}
+    answers: dict[str, list[Any]] = {}
+    records: dict[str, dict[str, Any]] = {}
+    for name, form in (("one row", one_row), ("batched", batched)):
+        sid, other = await _sessions(db, 2)
+        missing = uuid.uuid4()
+
+        def new(key: str, *, session: uuid.UUID = sid, tenant: str = "") -> NewTurn:
+            text = texts.get(key, key)
+            fp = fingerprint(input=text, history=History.FULL)
+            data = {"idempotencyKey": key, "history": "FULL", "input": text}
+            return NewTurn(uuid.uuid4(), tenant, session, key, fp, text, History.FULL, data)
+
+        seen: list[Any] = []
+        async with connect(engine) as conn:
+            for submission, reject in (
+                (new("a"), False),  # a new key
+                (new("a"), False),  # the same key again: taken
+                (new("b"), False),  # another new key: the next seq
+                (new("x", tenant="someone-else"), False),  # the session under another tenant
+                (new("y", session=missing), False),  # no such session
+                (new("c"), True),  # REJECT while a and b are queued
+                (new("z", session=other), True),  # REJECT in an idle session
+            ):
+                done = await form(conn, submission, reject)
+                turn = done.get(submission.turn_id)
+                assert set(done) <= {submission.turn_id}
+                seen.append(
+                    None
+                    if turn is None
+                    else (
+                        turn.idempotency_key,
+                        turn.status,
+                        turn.admit_seq,
+                        turn.input,
+                        turn.fingerprint,
+                        turn.history,
+                        turn.epoch,
+                        turn.session_id == submission.session_id,
+                    )
+                )
+        answers[name] = seen
+        records[name] = {"busy": await _record_of(db, sid), "idle": await _record_of(db, other)}
+
+    assert answers["one row"] == answers["batched"]
+    assert [a is not None for a in answers["one row"]] == [
+        True,
+        False,
+        True,
+        False,
+        False,
+        False,
+        True,
+    ]
+    assert records["one row"] == records["batched"]
+    busy = records["one row"]["busy"]
+    assert [t["admit_seq"] for t in busy["turns"]] == [1, 2] and busy["counter"] == 2
+    assert [e["type"] for e in busy["events"]] == ["turn.started", "turn.started"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 import uuid
@@ -343,22 +344,29 @@ async def test_a_rejecting_admission_asks_whether_its_session_is_idle_of_the_ses
     )
     if analyzed:
         await db.execute("ANALYZE")
-    for sid, admitted in ((idle, True), (busy, False)):
+    # The lone submission's form and the batched form (keyturn.db.admission).
+    forms = (admission._ADMIT_ONE_IF_IDLE, admission._ADMIT_IF_IDLE)
+    for (sid, admitted), form in itertools.product(((idle, True), (busy, False)), forms):
         turn_id = uuid.uuid4()
-        params: dict[str, Any] = {
-            "turn_ids": [turn_id],
-            "session_ids": [sid],
-            "tenants": [""],
-            "keys": ["new-key"],
-            "fingerprints": ["fp"],
-            "inputs": ["x"],
-            "histories": ["NONE"],
-            "datas": ["{}"],
+        one: dict[str, Any] = {
+            "turn_id": turn_id,
+            "session_id": sid,
+            "tenant": "",
+            "key": "new-key",
+            "fingerprint": "fp",
+            "input": "x",
+            "history": "NONE",
+            "data": "{}",
         }
+        params = (
+            one
+            if form is admission._ADMIT_ONE_IF_IDLE
+            else {_PLURAL.get(name, f"{name}s"): [value] for name, value in one.items()}
+        )
         tx = db.transaction()
         await tx.start()
         try:
-            raw = await explain_pooled(db, admission._ADMIT_IF_IDLE, params, "ANALYZE, FORMAT JSON")
+            raw = await explain_pooled(db, form, params, "ANALYZE, FORMAT JSON")
             written = await db.fetchval("SELECT count(*) FROM turns WHERE id = $1", turn_id)
         finally:
             await tx.rollback()
@@ -369,6 +377,9 @@ async def test_a_rejecting_admission_asks_whether_its_session_is_idle_of_the_ses
             for n in _nodes(json.loads(raw)[0]["Plan"])
             if n.get("Relation Name") == "turns"
         ]
+
+
+_PLURAL = {"history": "histories"}  # the batched form's array of each parameter
 
 
 async def _kept_plan(
