@@ -125,7 +125,12 @@ class _Channel:
         self.stale = True
         # The last refresh found the session deleted.
         self.gone = False
-        self.lock = asyncio.Lock()
+        # Done when the refresh in flight ends. A future, not a lock: a
+        # turn's end wakes every listener of its session at once, and a
+        # lock handed them the window one after another, each woken by
+        # the one before, a pass of the event loop apiece; the future's
+        # end wakes them all in one.
+        self.refreshing: asyncio.Future[None] | None = None
 
 
 class EventBus:
@@ -204,7 +209,7 @@ class EventBus:
     async def _read(self, sub: Subscriber) -> list[EventRecord]:
         sub.clear()
         channel = self._channels[sub.session_id]
-        # Always through the lock: a refresh already in flight (started by
+        # Always through the refresh: one already in flight (started by
         # another subscriber woken by the same news) must finish before this
         # subscriber looks at the cache.
         await self._refresh(sub.session_id, channel, sub.cursor)
@@ -234,36 +239,48 @@ class EventBus:
         return sub.wait()
 
     async def _refresh(self, session_id: uuid.UUID, channel: _Channel, cursor: int) -> None:
-        async with channel.lock:
-            if not channel.stale:
-                return
-            # Cleared before the read: a wake-up that lands during the read
-            # marks the channel stale again, so nothing committed is missed.
-            channel.stale = False
-            after = channel.high if channel.high is not None else cursor
-            try:
-                async with connect(self._engine) as conn:
-                    events = await reads.events_after(
-                        conn, session_id=session_id, after=after, limit=CACHE_EVENTS
-                    )
-                    if not events:
-                        # Woken without news: perhaps the session was deleted.
-                        seqs = await reads.session_seqs(conn, session_ids=[session_id])
-                        channel.gone = session_id not in seqs
-            except BaseException:
-                channel.stale = True
-                raise
-            if channel.high is None:
-                channel.covered_from = cursor
-                channel.high = cursor
-            channel.cache.extend(events)  # the deque drops the oldest
-            if events:
-                channel.high = events[-1].seq
-            if len(channel.cache) == CACHE_EVENTS and channel.covered_from is not None:
-                # The window slid: it now covers only what it still holds.
-                channel.covered_from = max(channel.covered_from, channel.cache[0].seq - 1)
-            if len(events) == CACHE_EVENTS:
-                channel.stale = True  # more to read next time
+        while channel.refreshing is not None:
+            # Shielded: a waiter cancelled (its client gone) must not cancel
+            # the others' wait. When it ends, look again: the refresh may
+            # have failed (the channel is then stale), or news came meanwhile.
+            await asyncio.shield(channel.refreshing)
+        if not channel.stale:
+            return
+        done = channel.refreshing = asyncio.get_running_loop().create_future()
+        try:
+            await self._read_window(session_id, channel, cursor)
+        finally:
+            channel.refreshing = None
+            done.set_result(None)
+
+    async def _read_window(self, session_id: uuid.UUID, channel: _Channel, cursor: int) -> None:
+        # Cleared before the read: a wake-up that lands during the read
+        # marks the channel stale again, so nothing committed is missed.
+        channel.stale = False
+        after = channel.high if channel.high is not None else cursor
+        try:
+            async with connect(self._engine) as conn:
+                events = await reads.events_after(
+                    conn, session_id=session_id, after=after, limit=CACHE_EVENTS
+                )
+                if not events:
+                    # Woken without news: perhaps the session was deleted.
+                    seqs = await reads.session_seqs(conn, session_ids=[session_id])
+                    channel.gone = session_id not in seqs
+        except BaseException:
+            channel.stale = True
+            raise
+        if channel.high is None:
+            channel.covered_from = cursor
+            channel.high = cursor
+        channel.cache.extend(events)  # the deque drops the oldest
+        if events:
+            channel.high = events[-1].seq
+        if len(channel.cache) == CACHE_EVENTS and channel.covered_from is not None:
+            # The window slid: it now covers only what it still holds.
+            channel.covered_from = max(channel.covered_from, channel.cache[0].seq - 1)
+        if len(events) == CACHE_EVENTS:
+            channel.stale = True  # more to read next time
 
     async def poll_forever(self) -> None:
         """Safety net (supervised): finds news that no wake-up announced."""

@@ -259,6 +259,34 @@ async def test_two_subscribers_woken_by_the_same_news_share_one_read(
     assert table.reads == [(0, CACHE_EVENTS), (5, CACHE_EVENTS)]
 
 
+async def test_subscribers_waiting_on_a_refresh_are_all_served_when_it_ends(
+    bus: EventBus, table: Table
+) -> None:
+    """A turn's end wakes every listener of its session at once: those that
+    wait on the refresh in flight are handed the window together when it
+    ends, not one after another, a pass of the event loop each (200 here
+    took over 200 passes before). One of them cancelled meanwhile (its
+    client gone) leaves the others' wait alone."""
+    subs = [bus.register(SESSION, 0) for _ in range(200)]
+    commit(bus, table, 5)
+    table.hold = asyncio.Event()
+    readers = [asyncio.ensure_future(bus.read(sub)) for sub in subs]
+    await table.holding.wait()  # the first reader's refresh is in flight
+    for _ in range(3):
+        await asyncio.sleep(0)  # every other reader waits on it now
+    readers[-1].cancel()
+    table.hold.set()
+
+    passes = 0
+    while not all(r.done() for r in readers):
+        await asyncio.sleep(0)
+        passes += 1
+    assert passes < 10, passes
+    assert readers[-1].cancelled()
+    assert all(seqs(r.result()) == upto(5) for r in readers[:-1])
+    assert table.reads == [(0, CACHE_EVENTS)]
+
+
 async def test_a_wake_up_during_a_refresh_makes_the_next_read_pick_up_the_new_events(
     bus: EventBus, table: Table
 ) -> None:
