@@ -150,12 +150,11 @@ def _admit(guard: str) -> Statement:
 # them: a session rarely has two in flight). Scalar parameters instead of
 # one-element arrays, and no joins between the arrays, the keys and the
 # locked rows: PostgreSQL plans the batched form's joins for rows it cannot
-# count (hashes, a sort, a window), and builds them on every call, and it
-# reads the session by its primary key here where the batched form, planned
-# on a table of a few rows, may scan it (python -m bench.cpu new, the
-# database column; bench/README.md). What it writes is what the batched
-# form writes for one row (tests/integration/test_admitter.py sends the same
-# submissions through both and compares the answers and the record).
+# count (hashes, a sort, a window) and builds those nodes on every call
+# (python -m bench.cpu new, the database column; bench/README.md). What it
+# writes is what the batched form writes for one row
+# (tests/integration/test_admitter.py sends the same submissions through
+# both and compares the answers and the record).
 def _admit_one(guard: str) -> Statement:
     return Statement(
         f"""
