@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
+from contextlib import aclosing
 from typing import Any, cast
 
 import strawberry
@@ -14,6 +15,7 @@ from graphql import (
     execute,
     get_operation_ast,
     specified_rules,
+    subscribe,
 )
 from graphql import ExecutionResult as CoreResult
 from strawberry.exceptions import MissingQueryError
@@ -22,10 +24,15 @@ from strawberry.extensions import DisableIntrospection, SchemaExtension
 from strawberry.extensions.max_aliases import create_validator as alias_rule
 from strawberry.extensions.query_depth_limiter import create_validator as depth_rule
 from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
-from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext, validate_document
+from strawberry.schema.schema import (
+    DEFAULT_ALLOWED_OPERATION_TYPES,
+    StrawberryGraphQLCoreExecutionContext,
+    validate_document,
+)
 from strawberry.types import ExecutionContext, ExecutionResult
 from strawberry.types.execution import PreExecutionError
 from strawberry.types.graphql import OperationType as StrawberryOperation
+from strawberry.utils.await_maybe import await_maybe
 from strawberry.utils.operation import get_first_operation, get_operation_type
 
 from keyturn.errors import ResponseTooLarge
@@ -43,6 +50,9 @@ class KeyturnSchema(strawberry.Schema):
     # What build_schema's extensions do, for run_operation; None on a schema
     # built any other way, whose operations all take Strawberry's execute.
     plain: Plain | None = None
+    # Subscriptions take the same plain path (stream); False sends them
+    # through Strawberry's own, the reference they are tested against.
+    plain_streams: bool = True
 
     def process_errors(
         self, errors: list[GraphQLError], execution_context: ExecutionContext | None = None
@@ -139,6 +149,132 @@ class KeyturnSchema(strawberry.Schema):
             ]
             self._process_errors(coerced)
             return PreExecutionError(data=None, errors=coerced, extensions={})
+
+    async def stream(  # Strawberry's signature
+        self,
+        query: str | None,
+        variable_values: dict[str, Any] | None = None,
+        context_value: Any | None = None,
+        root_value: Any | None = None,
+        operation_name: str | None = None,
+        operation_extensions: dict[str, Any] | None = None,
+        allowed_operation_types: Iterable[StrawberryOperation] | None = None,
+    ) -> Any:
+        """A subscription's results as Strawberry's ``stream`` yields them (the
+        same results, errors, masking and logging), without its extension
+        runner: see :meth:`_subscription`. Anything else (a query or mutation
+        over a stream, a document that does not parse or names no operation
+        it holds) takes Strawberry's own path, which answers it as before."""
+        plain = self.plain if self.plain_streams else None
+        if plain is not None and query:
+            try:
+                document = DOCUMENTS.parse(query)
+                name = operation_name if operation_name is not None else _first_name(document)
+                kind = get_operation_type(document, name)
+            except Exception:  # Strawberry's path gives its answer
+                kind = None
+            allowed = (
+                DEFAULT_ALLOWED_OPERATION_TYPES
+                if allowed_operation_types is None
+                else allowed_operation_types
+            )
+            if kind is StrawberryOperation.SUBSCRIPTION and kind in allowed:
+                return self._subscription(
+                    plain,
+                    query,
+                    document,
+                    name,
+                    variable_values=variable_values,
+                    context_value=context_value,
+                    root_value=root_value,
+                    operation_extensions=operation_extensions,
+                )
+        return await super().stream(
+            query,
+            variable_values=variable_values,
+            context_value=context_value,
+            root_value=root_value,
+            operation_name=operation_name,
+            operation_extensions=operation_extensions,
+            allowed_operation_types=allowed_operation_types,
+        )
+
+    async def _subscription(
+        self,
+        plain: Plain,
+        query: str,
+        document: DocumentNode,
+        name: str | None,
+        *,
+        variable_values: dict[str, Any] | None,
+        context_value: Any,
+        root_value: Any,
+        operation_extensions: dict[str, Any] | None,
+    ) -> AsyncIterator[ExecutionResult]:
+        """Strawberry's ``_stream`` for a subscription, with build_schema's
+        extensions done in the order its runner calls their hooks. When a
+        turn ends, every listener of it takes a result from here at once:
+        the runner's layers around each one (a context manager and a hook
+        lookup per extension, the extensions' results gathered) were a tenth
+        of what a delivery cost a server (bench/README.md, "A delivery
+        without Strawberry's per-result machinery"), and its context
+        managers' state a part of what an idle subscription holds."""
+        # RequestLimits.on_operation: the budget the large fields charge.
+        limits = context_value.limits
+        budget.start(limits.max_response_bytes)
+        # RequestLimits.on_validate (the document was parsed by DOCUMENTS).
+        errors = validated(self, query, document, plain.rules(limits.max_query_cost))
+        if errors:
+            yield self._streamed(plain, PreExecutionError(data=None, errors=errors))
+            return
+        try:
+            source = await await_maybe(
+                subscribe(
+                    self._schema,
+                    document,
+                    root_value=root_value,
+                    variable_values=variable_values,
+                    operation_name=name,
+                    context_value=context_value,
+                    executor_class=self.execution_context_class,
+                    operation_extensions=operation_extensions,
+                )
+            )
+        except Exception as error:  # answered as Strawberry answers it
+            yield self._streamed(plain, CoreResult(data=None, errors=[_coerced(error)]))
+            return
+        if isinstance(source, CoreResult):
+            # Refused before the first event (its variables, its resolver).
+            yield self._streamed(plain, PreExecutionError(data=None, errors=source.errors))
+            return
+        events = cast(AsyncGenerator[CoreResult, None], source)
+        try:
+            async with aclosing(events):
+                async for event in events:
+                    yield self._streamed(plain, event)
+        # graphql-core does not answer what its event stream raises.
+        except Exception as error:
+            yield self._streamed(plain, CoreResult(data=None, errors=[_coerced(error)]))
+
+    def _streamed(self, plain: Plain, result: ExecutionResult | CoreResult) -> ExecutionResult:
+        """Schema._handle_execution_result, then PublicErrors.on_stream_result."""
+        if result.errors:
+            self._process_errors(result.errors)
+        found = (
+            ExecutionResult(data=result.data, errors=result.errors)
+            if isinstance(result, CoreResult)
+            else result
+        )
+        # None of build_schema's extensions adds results of its own.
+        found.extensions = {}
+        plain.public._process_result(found)
+        return found
+
+
+def _coerced(error: Exception) -> GraphQLError:
+    return (
+        error if isinstance(error, GraphQLError) else GraphQLError(str(error), original_error=error)
+    )
 
 
 def _first_name(document: DocumentNode) -> str | None:
