@@ -216,9 +216,8 @@ class KeyturnSchema(strawberry.Schema):
         turn ends, every listener of it takes a result from here at once:
         the runner's layers around each one (a context manager and a hook
         lookup per extension, the extensions' results gathered) were a tenth
-        of what a delivery cost a server (bench/README.md, "A delivery
-        without Strawberry's per-result machinery"), and its context
-        managers' state a part of what an idle subscription holds."""
+        of what a delivery cost a server (bench/README.md, "A subscription's
+        results without Strawberry's extension runner")."""
         # RequestLimits.on_operation: the budget the large fields charge.
         limits = context_value.limits
         budget.start(limits.max_response_bytes)
