@@ -142,11 +142,7 @@ class KeyturnSchema(strawberry.Schema):
         except Exception as error:
             # As Schema.execute answers an error that escaped the operation:
             # logged, and unmasked (PublicErrors never saw it).
-            coerced = [
-                error
-                if isinstance(error, GraphQLError)
-                else GraphQLError(str(error), original_error=error)
-            ]
+            coerced = [_coerced(error)]
             self._process_errors(coerced)
             return PreExecutionError(data=None, errors=coerced, extensions={})
 
@@ -271,6 +267,7 @@ class KeyturnSchema(strawberry.Schema):
 
 
 def _coerced(error: Exception) -> GraphQLError:
+    """An error that escaped an operation, as Strawberry answers it."""
     return (
         error if isinstance(error, GraphQLError) else GraphQLError(str(error), original_error=error)
     )
