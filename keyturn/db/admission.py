@@ -27,7 +27,7 @@ import orjson
 from keyturn.db import cancels, keys
 from keyturn.db.engine import Conn
 from keyturn.db.records import Row, TurnRecord, turn_from
-from keyturn.db.sql import Statement, columns, literal, literals
+from keyturn.db.sql import Statement, append_event, columns, literal, literals
 from keyturn.db.tables import Turn
 from keyturn.domain import (
     ACTIVE_STATUSES,
@@ -175,15 +175,14 @@ def _admit_one(guard: str) -> Statement:
                {literal(TurnStatus.QUEUED)}, s.event_seq + 1
         FROM s JOIN k ON k.session_id = s.id
         RETURNING {columns(Turn)}
-    ), bump AS (
-        UPDATE sessions SET event_seq = ins.admit_seq
-        FROM ins WHERE sessions.id = ins.session_id
-    ), ev AS (
-        INSERT INTO events (session_id, turn_id, seq, type, data)
-        SELECT ins.session_id, ins.id, ins.admit_seq, {literal(EventType.TURN_STARTED)},
-               CAST(:data AS jsonb) || jsonb_build_object('seq', ins.admit_seq)
-        FROM ins
-    )
+    ), {
+            append_event(
+                "ins",
+                type=literal(EventType.TURN_STARTED),
+                data="CAST(:data AS jsonb) || jsonb_build_object('seq', bump.event_seq)",
+                next_seq="ins.admit_seq",
+            )
+        }
     SELECT * FROM ins
     """
     )
