@@ -394,27 +394,25 @@ def differ(query: str, variables: Any, fast: bytes, core: bytes) -> str:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def both(server_url: str, template_db: str) -> AsyncIterator[Both]:
-    name = f"keyturn_t_{uuid.uuid4().hex[:12]}"
-    url = await databases.create_database(server_url, name, template=template_db)
-    try:
-        # Unsafe calls wait for a decision, so the record has approvals to list.
-        async with serve_in_process(url, fast_settings(approve_unsafe=True)) as server:
-            client = GraphQLClient(server.url)
-            try:
-                record = await seed(client)
-            finally:
-                await client.close()
-            view = server.view
-            core = build_schema(fast_lists=False)
-            assert core.execution_context_class is StrawberryGraphQLCoreExecutionContext
-            # The same schema with FastLists: its documents are parsed and
-            # validated once for both (validation is most of an operation's
-            # time here, and none of what is compared).
-            fast = copy.copy(core)
-            fast.execution_context_class = CountedFastLists
-            yield Both(view, view.schema, fast, core, record)
-    finally:
-        await databases.drop_database(server_url, name)
+    # Unsafe calls wait for a decision, so the record has approvals to list.
+    async with (
+        databases.throwaway(server_url, prefix="keyturn_t", template=template_db) as url,
+        serve_in_process(url, fast_settings(approve_unsafe=True)) as server,
+    ):
+        client = GraphQLClient(server.url)
+        try:
+            record = await seed(client)
+        finally:
+            await client.close()
+        view = server.view
+        core = build_schema(fast_lists=False)
+        assert core.execution_context_class is StrawberryGraphQLCoreExecutionContext
+        # The same schema with FastLists: its documents are parsed and
+        # validated once for both (validation is most of an operation's
+        # time here, and none of what is compared).
+        fast = copy.copy(core)
+        fast.execution_context_class = CountedFastLists
+        yield Both(view, view.schema, fast, core, record)
 
 
 # --- the suite's documents ---------------------------------------------------

@@ -138,37 +138,35 @@ async def seed(client: GraphQLClient) -> Record:
 async def served(
     request: pytest.FixtureRequest, server_url: str, template_db: str
 ) -> AsyncIterator[Served]:
-    name = f"keyturn_t_{uuid.uuid4().hex[:12]}"
-    url = await databases.create_database(server_url, name, template=template_db)
     overrides: dict[str, Any] = SETTINGS[request.param]
-    try:
-        async with serve_in_process(url, fast_settings(**overrides)) as server:
-            client = GraphQLClient(server.url)
-            try:
-                record = await seed(client)
-            finally:
-                await client.close()
-            view = server.view
-            # The comparison is only worth something if the default path is
-            # the one without Strawberry's runner.
-            assert view.plain_execution
-            assert isinstance(view.schema, KeyturnSchema) and view.schema.plain is not None
-            async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-                served = Served(
-                    server, view, http, record, overrides.get("introspection", True) is not False
-                )
-                post_directly = view.post_directly
+    async with (
+        databases.throwaway(server_url, prefix="keyturn_t", template=template_db) as url,
+        serve_in_process(url, fast_settings(**overrides)) as server,
+    ):
+        client = GraphQLClient(server.url)
+        try:
+            record = await seed(client)
+        finally:
+            await client.close()
+        view = server.view
+        # The comparison is only worth something if the default path is
+        # the one without Strawberry's runner.
+        assert view.plain_execution
+        assert isinstance(view.schema, KeyturnSchema) and view.schema.plain is not None
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            served = Served(
+                server, view, http, record, overrides.get("introspection", True) is not False
+            )
+            post_directly = view.post_directly
 
-                async def observed(scope: Any, body: bytes, receive: Any, send: Any) -> bool:
-                    answered = await post_directly(scope, body, receive, send)
-                    if answered:
-                        served.direct.add(body)
-                    return answered
+            async def observed(scope: Any, body: bytes, receive: Any, send: Any) -> bool:
+                answered = await post_directly(scope, body, receive, send)
+                if answered:
+                    served.direct.add(body)
+                return answered
 
-                view.post_directly = observed  # type: ignore[method-assign]
-                yield served
-    finally:
-        await databases.drop_database(server_url, name)
+            view.post_directly = observed  # type: ignore[method-assign]
+            yield served
 
 
 @dataclass(frozen=True)

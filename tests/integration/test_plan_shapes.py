@@ -314,6 +314,9 @@ async def test_the_claim_reads_the_heads_of_a_long_queue_not_the_whole_of_it(
     assert read < 1_000, f"the claim read {read} rows of turns for a queue of {queued}: {scans}"
 
 
+_PLURAL = {"history": "histories"}  # the batched form's array of each parameter
+
+
 @pytest.mark.parametrize("analyzed", [False, True], ids=["never-analyzed", "analyzed"])
 async def test_a_rejecting_admission_asks_whether_its_session_is_idle_of_the_session_alone(
     db: Any, analyzed: bool
@@ -377,9 +380,6 @@ async def test_a_rejecting_admission_asks_whether_its_session_is_idle_of_the_ses
             for n in _nodes(json.loads(raw)[0]["Plan"])
             if n.get("Relation Name") == "turns"
         ]
-
-
-_PLURAL = {"history": "histories"}  # the batched form's array of each parameter
 
 
 async def _kept_plan(

@@ -73,24 +73,22 @@ async def _ended_turn(client: GraphQLClient, session: str, text: str) -> str:
 async def served(
     request: pytest.FixtureRequest, server_url: str, template_db: str
 ) -> AsyncIterator[Served]:
-    name = f"keyturn_t_{uuid.uuid4().hex[:12]}"
-    url = await databases.create_database(server_url, name, template=template_db)
-    try:
-        async with serve_in_process(url, fast_settings(**SETTINGS[request.param])) as server:
-            schema = server.view.schema
-            # The comparison is only worth something if the default path is
-            # the plain one.
-            assert isinstance(schema, KeyturnSchema) and schema.plain is not None
-            assert schema.plain_streams
-            client = GraphQLClient(server.url)
-            try:
-                session = await client.create_session()
-                ended = await _ended_turn(client, session, "hello")
-                yield Served(server, schema, client, session, ended)
-            finally:
-                await client.close()
-    finally:
-        await databases.drop_database(server_url, name)
+    async with (
+        databases.throwaway(server_url, prefix="keyturn_t", template=template_db) as url,
+        serve_in_process(url, fast_settings(**SETTINGS[request.param])) as server,
+    ):
+        schema = server.view.schema
+        # The comparison is only worth something if the default path is
+        # the plain one.
+        assert isinstance(schema, KeyturnSchema) and schema.plain is not None
+        assert schema.plain_streams
+        client = GraphQLClient(server.url)
+        try:
+            session = await client.create_session()
+            ended = await _ended_turn(client, session, "hello")
+            yield Served(server, schema, client, session, ended)
+        finally:
+            await client.close()
 
 
 @dataclass(frozen=True)
