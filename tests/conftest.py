@@ -39,11 +39,14 @@ def server_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def template_db(server_url: str) -> str:
-    """A database with every migration applied, copied for each test."""
+def template_db(server_url: str) -> Iterator[str]:
+    """A database with every migration applied, copied for each test;
+    dropped when the run ends (the server outlives runs when it is the
+    machine's own PostgreSQL)."""
     name = f"keyturn_tpl_{os.getpid()}"
     asyncio.run(databases.create_migrated(server_url, name))
-    return name
+    yield name
+    asyncio.run(databases.drop_database(server_url, name))
 
 
 @pytest.fixture
