@@ -55,16 +55,25 @@ class ConnectionShares:
         held = self._tenants.get(tenant)
         return sum(not w.done() for w in held.waiting) if held is not None else 0
 
-    async def acquire(self, tenant: str, *, cap: int) -> None:
-        """Take one of ``tenant``'s connections, at most ``min(limit, cap)``
-        at once, waiting in order; the caller bounds the wait (cancelling
-        it leaves nothing held)."""
+    def try_acquire(self, tenant: str, *, cap: int) -> bool:
+        """Take one of ``tenant``'s connections if one is free now and no
+        checkout of the tenant waits before this one; False, and nothing
+        held, otherwise."""
         held = self._tenants.get(tenant)
         if held is None:
             held = self._tenants[tenant] = _Held()
         if held.count < min(self.limit, cap) and not held.waiting:
             held.count += 1
+            return True
+        return False
+
+    async def acquire(self, tenant: str, *, cap: int) -> None:
+        """Take one of ``tenant``'s connections, at most ``min(limit, cap)``
+        at once, waiting in order; the caller bounds the wait (cancelling
+        it leaves nothing held)."""
+        if self.try_acquire(tenant, cap=cap):
             return
+        held = self._tenants[tenant]
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         held.waiting.append(waiter)
         try:

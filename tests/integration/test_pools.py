@@ -19,6 +19,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from keyturn.db.engine import Engine, connect, create_engine
+from keyturn.errors import DatabaseBusy
 from keyturn.runtime.auth import create_token
 from tests import figures
 from tests.support import GraphQLClient, fast_settings, new_key, serve_in_process
@@ -259,3 +260,55 @@ async def test_the_requests_pool_keeps_its_plans_and_the_workers_lets_postgresql
         async with connect(runtime.work_engine) as conn:
             worker = await conn.driver.fetchval("SHOW plan_cache_mode")
     assert (requests, worker) == ("force_generic_plan", "auto")
+
+
+async def test_a_connection_goes_back_to_the_pool_as_it_came_whichever_way_it_is_returned(
+    database_url: str,
+) -> None:
+    """A checkout that finds an idle open connection takes it without a
+    timer, and one returned outside a transaction goes back without a task;
+    both must still be the pool's ordinary checkout and return: the same
+    backend reused, nothing left checked out, a transaction left open rolled
+    back, a connection the server closed replaced, and the pool's timeout
+    kept when every connection is out."""
+    engine = create_engine(database_url, pool_size=2, pool_timeout=0.3)
+    try:
+        async with connect(engine) as conn:
+            first = await conn.driver.fetchval("SELECT pg_backend_pid()")
+        for _ in range(3):
+            async with connect(engine) as conn:
+                assert await conn.driver.fetchval("SELECT pg_backend_pid()") == first
+            assert engine.checkedout() == 0
+
+        # A transaction left open: rolled back on the way in, not seen by the next.
+        async with connect(engine) as conn:
+            await conn.driver.execute("BEGIN")
+            await conn.driver.execute("CREATE TEMP TABLE left_open (x int)")
+        async with connect(engine) as conn:
+            assert not conn.driver.is_in_transaction()
+            assert await conn.driver.fetchval("SELECT to_regclass('pg_temp.left_open')") is None
+
+        # The server ends an idle connection: the checkout that draws it
+        # gets a new backend, not the dead one.
+        async with connect(engine) as a, connect(engine) as b:
+            pids = {await c.driver.fetchval("SELECT pg_backend_pid()") for c in (a, b)}
+        async with connect(engine) as keeper:
+            kept = await keeper.driver.fetchval("SELECT pg_backend_pid()")
+            (victim,) = pids - {kept}
+            assert await keeper.driver.fetchval("SELECT pg_terminate_backend($1)", victim)
+            await asyncio.sleep(0.3)  # for the closed socket to reach the driver
+            async with connect(engine) as conn:
+                assert await conn.driver.fetchval("SELECT pg_backend_pid()") not in pids
+
+        # Every connection out: a checkout waits the pool's timeout, then is busy.
+        async with connect(engine), connect(engine):
+            started = time.monotonic()
+            with pytest.raises(DatabaseBusy):
+                async with connect(engine):
+                    pass
+            assert time.monotonic() - started >= 0.25
+        assert engine.checkedout() == 0
+        async with connect(engine) as conn:
+            assert await conn.driver.fetchval("SELECT 1") == 1
+    finally:
+        await engine.dispose()
