@@ -109,6 +109,18 @@ class EventEdge:
     node: Event
 
 
+class _PageEdge(EventEdge):
+    """An EventEdge made from its two values in order: the dataclass's own
+    ``__init__`` takes them by keyword, which for a page's hundred edges was
+    a third of making them."""
+
+    __slots__ = ()
+
+    def __init__(self, cursor: str, node: Event) -> None:  # no dataclass fields to set
+        self.cursor = cursor
+        self.node = node
+
+
 @strawberry.type
 class EventConnection:
     edges: list[EventEdge]
@@ -117,7 +129,9 @@ class EventConnection:
 
     @classmethod
     def from_page(cls, page: Page[EventRecord]) -> EventConnection:
-        edges = [EventEdge(cursor=c, node=_RecordEvent(x)) for c, x in _pairs(page)]
+        if len(page.cursors) != len(page.items):
+            raise ValueError("a page has one cursor for each item")
+        edges: list[EventEdge] = list(map(_PageEdge, page.cursors, map(_RecordEvent, page.items)))
         return cls(edges=edges, page_info=_page_info(page), total_count=page.total)
 
 

@@ -24,14 +24,16 @@ def test_cursors_round_trip_and_are_kind_checked() -> None:
     assert decode_session_cursor(session_cursor(now, sid)) == (now, sid)
 
 
-def test_a_page_of_cursors_is_url_safe_base64_of_each_seq() -> None:
-    # Every length of seq, so every padding.
+@pytest.mark.parametrize("kind", ["event", "turn", "session", "ab"])
+def test_a_page_of_cursors_is_url_safe_base64_of_each_seq(kind: str) -> None:
+    # Every length of seq, so every padding; kinds whose "kind:" prefix is
+    # and is not whole base64 groups (encoded apart from the digits, or not).
     seqs = [*range(0, 2000), 2**31, 2**63 - 1]
-    made = seq_cursors("event", seqs)
+    made = seq_cursors(kind, seqs)
     assert made == [
-        base64.urlsafe_b64encode(f"event:{s}".encode()).decode().rstrip("=") for s in seqs
+        base64.urlsafe_b64encode(f"{kind}:{s}".encode()).decode().rstrip("=") for s in seqs
     ]
-    assert [decode_seq_cursor("event", c) for c in made] == seqs
+    assert [decode_seq_cursor(kind, c) for c in made] == seqs
 
 
 @pytest.mark.parametrize("bad", ["", "!!!", "ZXZlbnQ6LTE", "dHVybjp4"])
