@@ -35,6 +35,7 @@ from graphql.pyutils import Undefined
 from graphql.type import scalars
 from strawberry.scalars import JSON
 from strawberry.schema.types.scalar import DEFAULT_SCALAR_REGISTRY
+from strawberry.types.cast import TYPE_CAST_ATTRIBUTE
 
 from keyturn.db.reads import RawJSON
 
@@ -78,6 +79,29 @@ def coerced(coerce: Callable[[Any], Any], value: Any) -> Any:
     if out is None or out is Undefined:
         raise Unfit
     return out
+
+
+def instance_of(is_type_of: Callable[[Any, Any], Any]) -> tuple[type, ...] | None:
+    """The classes Strawberry's own ``is_type_of`` of an object type accepts
+    any instance of that is not cast (``strawberry.cast``) to a type: the
+    type and its interfaces, held by the function it makes for each type.
+    None for any other function, or one whose shape this does not know."""
+    code, cells = getattr(is_type_of, "__code__", None), getattr(is_type_of, "__closure__", None)
+    if (
+        code is None
+        or cells is None
+        or getattr(is_type_of, "__module__", None) != "strawberry.schema.schema_converter"
+        or not is_type_of.__qualname__.endswith("._get_is_type_of.<locals>.is_type_of")
+    ):
+        return None
+    held = dict(zip(code.co_freevars, cells, strict=True))
+    try:
+        classes = held["possible_types"].cell_contents
+    except (KeyError, ValueError):
+        return None
+    if type(classes) is not tuple or not all(isinstance(c, type) for c in classes):
+        return None
+    return classes
 
 
 def _int(value: Any) -> Any:
@@ -136,7 +160,17 @@ def compile_shape(shape: Shape) -> Build:
         if s.is_type_of is not None:
             names[f"{fn}_is"] = s.is_type_of
             # Strawberry's is_type_of looks only at the object, not the info.
-            body.append(f"if {fn}_is(src, None) is not True: raise Unfit")
+            check = f"{fn}_is(src, None) is not True"
+            classes = instance_of(s.is_type_of)
+            if classes is not None:
+                # Its answer for an object not cast to a type and an instance
+                # of one of these is True: that case asks no call.
+                names[f"{fn}_classes"] = classes
+                check = (
+                    f"(getattr(src, {TYPE_CAST_ATTRIBUTE!r}, None) is not None"
+                    f" or not isinstance(src, {fn}_classes)) and {check}"
+                )
+            body.append(f"if {check}: raise Unfit")
         reads = [(i, f) for i, f in enumerate(s.fields) if f.attribute is not None]
         if reads:
             body.append("try:")
@@ -154,7 +188,11 @@ def compile_shape(shape: Shape) -> Build:
             if f.sub is not None:
                 done = f"{emit(f.sub)}({value}, charge)"
             elif f.coerce is scalars.serialize_int:
-                done = f"_int({value})"
+                # _int's own test, inline: a seq is a plain int every time.
+                done = (
+                    f"({value} if type({value}) is int and -2147483648 <= {value} <= 2147483647"
+                    f" else _int({value}))"
+                )
             else:
                 names[f"{fn}_c{i}"] = f.coerce
                 exact = _UNCHANGED.get(f.coerce)
@@ -222,5 +260,6 @@ __all__ = [
     "Unfit",
     "coerced",
     "compile_shape",
+    "instance_of",
     "no_charge",
 ]
