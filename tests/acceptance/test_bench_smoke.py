@@ -95,3 +95,23 @@ def test_bench_smoke_writes_every_row(server_url: str, tmp_path: Path) -> None:
         assert f"must {target['target']}" in lines[0], lines[0]
         assert target["verdict"] in lines[0], lines[0]
         assert "(smoke: sizes too small to judge)" in lines[0], lines[0]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("what", ["page", "replay", "new"])
+def test_instructions_per_request_are_counted(server_url: str, what: str) -> None:
+    """bench.instructions runs its requests under callgrind and reports their
+    count; it stops with the answer if any was not the one expected."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.instructions", what, "--requests", "16",
+         "--database", server_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith(f"keyturn {what}: ") and line.endswith(" M instructions per request")
+    # Tens of thousands of Python bytecodes at least; not a count of nothing.
+    assert 0.1 < float(line.split()[2]) < 100, line

@@ -68,6 +68,7 @@ from graphql import (
     FieldNode,
     FragmentSpreadNode,
     GraphQLError,
+    GraphQLObjectType,
     GraphQLOutputType,
     IntValueNode,
     ListValueNode,
@@ -1276,6 +1277,7 @@ async def test_objects_of_a_type_with_an_interface_are_claimed_as_graphql_core_c
     # The plan tells Strawberry's answer for an instance not cast without a
     # call: the cases below check that shortcut against the call.
     badge = schemas[0]._schema.type_map["Badge"]
+    assert isinstance(badge, GraphQLObjectType) and badge.is_type_of is not None
     assert instance_of(badge.is_type_of) == (Named, Badge)
     query = "query($c: String!) { badges(case: $c) { __typename name rank } }"
     refused = 0

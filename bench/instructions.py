@@ -1,0 +1,221 @@
+"""Instructions one request costs a Keyturn process, counted by callgrind:
+the same count, to a part in a thousand, however busy the machine is.
+
+    python -m bench.instructions page     # a page of 100 events (row f's document)
+    python -m bench.instructions replay   # submitTurn, a key already admitted (row d)
+    python -m bench.instructions new      # submitTurn, a new key, and its turn run (row c)
+
+``make bench``'s ratios and ``bench.cpu``'s CPU times move by a fifth from
+one run to the next on a shared machine, more than most single changes
+save. This counts what a change does to the process's own work instead:
+the application (``keyturn.http.app.create_app``, its runtime and worker
+included) runs in this process against a real PostgreSQL and is called
+through ASGI by 8 concurrent clients, without a socket; after a warm-up,
+valgrind's callgrind counts the user-space instructions of ``--requests``
+requests (for ``new``, until every turn they admitted has ended), divided
+by their number. Not counted: PostgreSQL's work, the kernel's (system
+calls, sockets) and uvicorn's HTTP parsing. A run takes a minute or two;
+compare two versions of the code by running this on each.
+
+Needs valgrind (``apt-get install -y valgrind``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench import reading
+from bench.rows import progress
+from bench.seed import make_event_session, make_sessions
+from bench.servers import database_server, target_databases
+
+EVENTS = 10_000
+CLIENTS = 8
+SUBMIT = (
+    "mutation($i: SubmitTurnInput!) { submitTurn(input: $i) { __typename "
+    "... on TurnAdmission { turn { id status } } ... on UserError { code } } }"
+)
+# Set in the process valgrind runs: the database to use and where to report.
+_CHILD = "KEYTURN_BENCH_INSTRUCTIONS"
+
+Request = tuple[str, str, dict[str, str], bytes]
+
+
+def _submission(session_id: str, key: str, text: str) -> Request:
+    variables = {"i": {"sessionId": session_id, "idempotencyKey": key, "input": text}}
+    body = orjson.dumps({"query": SUBMIT, "variables": variables})
+    return ("POST", "/graphql", {"Content-Type": "application/json"}, body)
+
+
+async def _call(app: Any, request: Request) -> tuple[int, bytes]:
+    """One request through the application's ASGI interface."""
+    method, path, headers, body = request
+    received = False
+    messages: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        if not received:
+            received = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # no disconnect while the answer is made
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [*raw, (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+        "state": {},
+    }
+    await app(scope, receive, send)
+    status = next(m["status"] for m in messages if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+    return status, body
+
+
+async def _drained(url: str) -> None:
+    """Until no turn waits or runs: the turns admitted have been run."""
+    from keyturn.ops.databases import admin_connect
+
+    conn = await admin_connect(url)
+    try:
+        query = "SELECT count(*) FROM turns WHERE status IN ('QUEUED', 'RUNNING')"
+        while await conn.fetchval(query):  # noqa: ASYNC110 - a count in the database
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
+def _callgrind(switch: str) -> None:
+    subprocess.run(
+        ["callgrind_control", "-i", switch, str(os.getpid())], capture_output=True, check=False
+    )
+
+
+async def _measure(what: str, url: str, requests: int) -> None:
+    """In the process valgrind runs: the application, a warm-up, then the
+    counted requests between callgrind's instrumentation on and off."""
+    from keyturn.http.app import create_app
+    from keyturn.settings import Settings
+
+    expect: bytes
+    make: Callable[[int], Request]
+    if what == "page":
+        session = await make_event_session(url, EVENTS, "NONE")
+        pages = reading.page_requests("graphql", session, EVENTS)
+        make, expect = (lambda n: pages[n % len(pages)]), b'"edges"'
+    else:
+        sessions = await make_sessions(url, 64, "NONE")
+        prefix = "k" if what == "replay" else "n"
+        make = lambda n: _submission(sessions[n % 64], f"{prefix}-{n}", f"hello {n}")  # noqa: E731
+        expect = b'"TurnReplayed"' if what == "replay" else b'"TurnAccepted"'
+    app = create_app(Settings(), database_url=url)
+    async with app.router.lifespan_context(app):
+        numbers: Iterator[int] = itertools.count()
+        if what == "replay":
+            # The keys replayed, admitted first and their turns run.
+            for n in range(256):
+                await _call(app, make(n))
+            await _drained(url)
+            numbers = itertools.cycle(range(256))
+
+        async def client(count: int) -> None:
+            for _ in range(count):
+                status, body = await _call(app, make(next(numbers)))
+                if status != 200 or expect not in body:
+                    raise SystemExit(f"an unexpected answer: {status} {body[:300]!r}")
+
+        await asyncio.gather(*(client(10) for _ in range(CLIENTS)))  # warm-up
+        if what == "new":
+            await _drained(url)
+        _callgrind("on")
+        await asyncio.gather(*(client(requests // CLIENTS) for _ in range(CLIENTS)))
+        if what == "new":
+            await _drained(url)
+        _callgrind("off")
+
+
+def _child() -> int:
+    import uvloop
+
+    what, url, requests = os.environ[_CHILD].split(" ")
+    uvloop.run(_measure(what, url, int(requests)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    if os.environ.get(_CHILD):
+        return _child()
+    p = argparse.ArgumentParser(
+        prog="bench.instructions", description="instructions per request, counted by callgrind"
+    )
+    p.add_argument("what", choices=("page", "replay", "new"))
+    p.add_argument("--requests", type=int, default=200, help="requests counted (8 clients)")
+    p.add_argument("--database", default="auto", help="auto, embedded or a server URL")
+    a = p.parse_args(argv)
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("bench.instructions needs valgrind: apt-get install -y valgrind")
+    requests = max(CLIENTS, a.requests // CLIENTS * CLIENTS)
+    with (
+        database_server(a.database) as (admin_url, where),
+        target_databases(admin_url, ("keyturn",)) as urls,
+        tempfile.TemporaryDirectory(prefix="keyturn-instructions-") as tmp,
+    ):
+        progress(f"{where}; {a.what}: {requests} requests under callgrind (a minute or two)")
+        out = Path(tmp) / "callgrind.out"
+        env = {
+            **os.environ,
+            _CHILD: f"{a.what} {urls['keyturn']} {requests}",
+            # The same hashes every run: a dict's layout, and so its work, alike.
+            "PYTHONHASHSEED": "0",
+        }
+        done = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                "-m",
+                "bench.instructions",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        counted = [line for line in done.stderr.splitlines() if "Collected :" in line]
+        if done.returncode != 0 or not counted:
+            tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+            raise SystemExit(f"the counted run failed:\n{tail}")
+        total = int(counted[-1].split(":")[-1])
+        print(f"keyturn {a.what}: {total / requests / 1e6:.3f} M instructions per request")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
