@@ -15,15 +15,18 @@ event's seven fields; a page of 100 events builds 100 of them).
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 from keyturn.domain import History, Multitask, ResolutionAction, TurnStatus
 
 Row = Mapping[str, Any]
+E = TypeVar("E", bound=Enum)
 
 
 @dataclass(slots=True)
@@ -97,18 +100,37 @@ _EVENT = names(EventRecord)
 _RESOLUTION = names(ResolutionRecord)
 
 
+@functools.cache
+def _columns(fields_: tuple[str, ...], prefix: str) -> tuple[str, ...]:
+    return tuple(prefix + n for n in fields_)
+
+
+def _member(enum: type[E], value: Any) -> E:
+    """``enum(value)`` for a value read from a column: the member by a dict
+    lookup (Enum's own call is a tenth of reading a turn), the call itself
+    for anything else, so a value no member has still raises as it did."""
+    found = enum._value2member_map_.get(value)
+    return found if found is not None else enum(value)  # type: ignore[return-value]
+
+
+_SESSION_HISTORY = _SESSION.index("default_history")
+_SESSION_MULTITASK = _SESSION.index("multitask")
+_TURN_HISTORY = _TURN.index("history")
+_TURN_STATUS = _TURN.index("status")
+
+
 def session_from(row: Row, prefix: str = "") -> SessionRecord:
-    values = {n: row[prefix + n] for n in _SESSION}
-    values["default_history"] = History(values["default_history"])
-    values["multitask"] = Multitask(values["multitask"])
-    return SessionRecord(**values)
+    values = [row[c] for c in _columns(_SESSION, prefix)]
+    values[_SESSION_HISTORY] = _member(History, values[_SESSION_HISTORY])
+    values[_SESSION_MULTITASK] = _member(Multitask, values[_SESSION_MULTITASK])
+    return SessionRecord(*values)
 
 
 def turn_from(row: Row, prefix: str = "") -> TurnRecord:
-    values = {n: row[prefix + n] for n in _TURN}
-    values["history"] = History(values["history"])
-    values["status"] = TurnStatus(values["status"])
-    return TurnRecord(**values)
+    values = [row[c] for c in _columns(_TURN, prefix)]
+    values[_TURN_HISTORY] = _member(History, values[_TURN_HISTORY])
+    values[_TURN_STATUS] = _member(TurnStatus, values[_TURN_STATUS])
+    return TurnRecord(*values)
 
 
 def event_from(row: Row) -> EventRecord:

@@ -8,9 +8,18 @@ from typing import Any
 import pytest
 from sqlmodel import SQLModel
 
-from keyturn.db.records import EventRecord, ResolutionRecord, SessionRecord, TurnRecord, names
+from keyturn.db.records import (
+    EventRecord,
+    ResolutionRecord,
+    SessionRecord,
+    TurnRecord,
+    names,
+    session_from,
+    turn_from,
+)
 from keyturn.db.sql import Statement, columns
 from keyturn.db.tables import Event, Resolution, Session, Turn
+from keyturn.domain import History, Multitask, TurnStatus
 
 
 @pytest.mark.parametrize(
@@ -42,3 +51,21 @@ def test_an_apostrophe_in_a_comment_opens_no_literal() -> None:
     s = Statement("SELECT :a -- the turn's key\nFROM t WHERE y = :b AND z = 'x:y'")
     assert s.sql == "SELECT $1 -- the turn's key\nFROM t WHERE y = $2 AND z = 'x:y'"
     assert s.names == ("a", "b")
+
+
+def test_a_row_read_with_or_without_a_prefix_gives_each_field_its_column() -> None:
+    """Fields are read by position: every value must land in its own field,
+    the enums as their members, and a value no member has still refused."""
+    turn: dict[str, Any] = {n: f"{n}-value" for n in names(TurnRecord)}
+    turn |= {"history": "FULL", "status": "RUNNING", "admit_seq": 3, "epoch": 2}
+    session: dict[str, Any] = {n: f"{n}-value" for n in names(SessionRecord)}
+    session |= {"default_history": "NONE", "multitask": "REJECT", "event_seq": 9}
+    for prefix in ("", "t_"):
+        read = turn_from({prefix + k: v for k, v in turn.items()}, prefix=prefix)
+        assert read == TurnRecord(**{**turn, "history": History.FULL, "status": TurnStatus.RUNNING})
+        got = session_from({prefix + k: v for k, v in session.items()}, prefix=prefix)
+        assert got == SessionRecord(
+            **{**session, "default_history": History.NONE, "multitask": Multitask.REJECT}
+        )
+    with pytest.raises(ValueError):
+        turn_from({**turn, "status": "SIDEWAYS"})
