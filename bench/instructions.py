@@ -176,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("what", choices=("page", "replay", "new"))
     p.add_argument("--requests", type=int, default=200, help="requests counted (8 clients)")
     p.add_argument("--database", default="auto", help="auto, embedded or a server URL")
+    p.add_argument(
+        "--keep", type=Path, help="keep callgrind's file here (callgrind_annotate reads it)"
+    )
     a = p.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("bench.instructions needs valgrind: apt-get install -y valgrind")
@@ -186,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="keyturn-instructions-") as tmp,
     ):
         progress(f"{where}; {a.what}: {requests} requests under callgrind (a minute or two)")
-        out = Path(tmp) / "callgrind.out"
+        out = a.keep or Path(tmp) / "callgrind.out"
         env = {
             **os.environ,
             _CHILD: f"{a.what} {urls['keyturn']} {requests}",
