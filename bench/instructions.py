@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,10 @@ SUBMIT = (
     "mutation($i: SubmitTurnInput!) { submitTurn(input: $i) { __typename "
     "... on TurnAdmission { turn { id status } } ... on UserError { code } } }"
 )
-# Set in the process valgrind runs: the database to use and where to report.
+# Set in the process valgrind runs: what to count, against which database,
+# and where valgrind's command pipes for this run are.
 _CHILD = "KEYTURN_BENCH_INSTRUCTIONS"
+_PIPES = "KEYTURN_BENCH_INSTRUCTIONS_PIPES"
 
 Request = tuple[str, str, dict[str, str], bytes]
 
@@ -110,10 +113,28 @@ async def _drained(url: str) -> None:
         await conn.close()
 
 
-def _callgrind(switch: str) -> None:
-    subprocess.run(
-        ["callgrind_control", "-i", switch, str(os.getpid())], capture_output=True, check=False
+async def _callgrind(switch: str) -> None:
+    """Instrumentation on or off, asked of valgrind through vgdb (what
+    callgrind_control calls, without its listing of every valgrind on the
+    machine), on this run's own pipes. Valgrind takes the request while
+    this process runs code, so the loop keeps running some until it is
+    done; the few turns it takes are all it adds to a count."""
+    prefix = os.environ[_PIPES]
+    control = await asyncio.create_subprocess_exec(
+        "vgdb",
+        f"--vgdb-prefix={prefix}",
+        f"--pid={os.getpid()}",
+        "instrumentation",
+        switch,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
     )
+    deadline = time.monotonic() + 60
+    while control.returncode is None:
+        if time.monotonic() > deadline:
+            control.kill()
+            raise SystemExit(f"vgdb: instrumentation {switch} was not answered")
+        await asyncio.sleep(0.005)
 
 
 async def _measure(what: str, url: str, requests: int) -> None:
@@ -152,11 +173,11 @@ async def _measure(what: str, url: str, requests: int) -> None:
         await asyncio.gather(*(client(10) for _ in range(CLIENTS)))  # warm-up
         if what == "new":
             await _drained(url)
-        _callgrind("on")
+        await _callgrind("on")
         await asyncio.gather(*(client(requests // CLIENTS) for _ in range(CLIENTS)))
         if what == "new":
             await _drained(url)
-        _callgrind("off")
+        await _callgrind("off")
 
 
 def _child() -> int:
@@ -180,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "--keep", type=Path, help="keep callgrind's file here (callgrind_annotate reads it)"
     )
     a = p.parse_args(argv)
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+    if shutil.which("valgrind") is None or shutil.which("vgdb") is None:
         raise SystemExit("bench.instructions needs valgrind: apt-get install -y valgrind")
     requests = max(CLIENTS, a.requests // CLIENTS * CLIENTS)
     with (
@@ -193,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {
             **os.environ,
             _CHILD: f"{a.what} {urls['keyturn']} {requests}",
+            _PIPES: str(Path(tmp) / "vgdb"),
             # The same hashes every run: a dict's layout, and so its work, alike.
             "PYTHONHASHSEED": "0",
         }
@@ -201,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 "valgrind",
                 "--tool=callgrind",
                 "--instr-atstart=no",
+                f"--vgdb-prefix={Path(tmp) / 'vgdb'}",
                 f"--callgrind-out-file={out}",
                 sys.executable,
                 "-m",
