@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             capture_output=True,
             text=True,
             check=False,
+            timeout=900,  # killed, not left behind, if it never ends
         )
         counted = [line for line in done.stderr.splitlines() if "Collected :" in line]
         if done.returncode != 0 or not counted:
