@@ -38,21 +38,38 @@ async def _sessions(db: Any, n: int) -> list[uuid.UUID]:
 
 
 async def test_concurrent_new_keys_share_statements_and_keep_every_rule(
-    engine: Engine, db: Any
+    database_url: str, db: Any
 ) -> None:
     sessions = await _sessions(db, 4)
+    # Room for every lookup while each session's first statement waits.
+    engine = create_engine(database_url, pool_size=16)
     admitter = Admitter(engine)
     # 60 keys over 4 sessions, and each of the first 20 sent three times at
     # once: the duplicates share statements with their originals.
     requests = [TurnRequest(sessions[i % 4], f"k{i}", f"hello {i}", None) for i in range(60)]
     requests += [r for r in requests[:20] for _ in range(2)]
-    answers = await asyncio.gather(
-        *(admit_turn(engine=engine, request=r, admitter=admitter) for r in requests)
-    )
+    try:
+        # Each session's first statement is held on the session's row until
+        # every other submission has arrived: they all arrive while it is in
+        # flight, whatever the machine's timing, and must share what follows.
+        async with db.transaction():
+            await db.execute("SELECT 1 FROM sessions WHERE id = ANY($1) FOR UPDATE", sessions)
+            admitted = asyncio.gather(
+                *(admit_turn(engine=engine, request=r, admitter=admitter) for r in requests)
+            )
+            for _ in range(500):
+                if sum(len(p) for p in admitter._pending.values()) == len(requests) - 4:
+                    break
+                await asyncio.sleep(0.02)
+            assert sum(len(p) for p in admitter._pending.values()) == len(requests) - 4
+        answers = await admitted
+    finally:
+        await engine.dispose()
 
-    # Fewer statements than admissions: they were shared.
+    # Fewer statements than admissions: they were shared (4 held, then each
+    # session's waiting keys in one).
     assert admitter.admitted == 60
-    assert admitter.statements < 60
+    assert admitter.statements < 60, admitter.statements
     by_key: dict[tuple[uuid.UUID, str], set[uuid.UUID]] = {}
     for request, answer in zip(requests, answers, strict=True):
         assert answer.outcome in (AdmissionOutcome.ACCEPTED, AdmissionOutcome.REPLAYED)
