@@ -362,13 +362,21 @@ async def _release(pool: Any, pooled: Any) -> None:
     a third of a checkout's CPU) so that a cancelled caller still returns
     the connection; a connection outside a transaction, whose reset is
     nothing (:func:`_no_reset`), is returned without suspending, so nothing
-    can cancel it half-way."""
-    driver = pooled._con
-    if driver is None or driver.is_in_transaction() or driver._protocol._is_cancelling():
+    can cancel it half-way. Anything the release would wait for (a
+    rollback, a cancel in flight, a connection retired after its queries or
+    of an expired generation, closed on the way back) takes asyncpg's own."""
+    driver, holder = pooled._con, pooled._holder
+    if (
+        driver is None
+        or driver.is_in_transaction()
+        or driver._protocol._is_cancelling()
+        or driver._protocol.queries_count >= holder._max_queries
+        or holder._generation != pool._generation
+    ):
         await pool.release(pooled)
         return
     driver._on_release()
-    await pooled._holder.release(None)
+    await holder.release(None)
 
 
 class Conn:
