@@ -106,7 +106,8 @@ async def _unfinished(url: str) -> int:
         await conn.close()
 
 
-async def _drain(url: str, limit_s: float) -> Drain:
+async def drained(url: str, limit_s: float) -> Drain:
+    """Wait for Keyturn's worker to run what admission queued, at most ``limit_s``."""
     start = time.perf_counter()
     left = await _unfinished(url)
     first = left
@@ -122,7 +123,7 @@ async def _drain(url: str, limit_s: float) -> Drain:
 
 def drain(url: str, limit_s: float) -> Drain:
     """Wait for Keyturn's worker to run what admission queued; the row after starts clean."""
-    return asyncio.run(_drain(url, limit_s))
+    return asyncio.run(drained(url, limit_s))
 
 
 def keyturn_warmup(cfg: Config, client: str, port: int, url: str, files: SessionFiles) -> Drain:

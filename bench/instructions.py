@@ -30,35 +30,27 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from bench import reading
+from bench.admission import drained
+from bench.load import submit_request
+from bench.loadgen import MakeRequest, Request
 from bench.rows import progress
 from bench.seed import make_event_session, make_sessions
 from bench.servers import database_server, target_databases
 
 EVENTS = 10_000
 CLIENTS = 8
-SUBMIT = (
-    "mutation($i: SubmitTurnInput!) { submitTurn(input: $i) { __typename "
-    "... on TurnAdmission { turn { id status } } ... on UserError { code } } }"
-)
+# Keys replayed by `replay`, admitted (and their turns run) first.
+REPLAYED = 256
+# How long the worker may take to run the turns admitted.
+DRAIN_S = 600.0
 # Set in the process valgrind runs: what to count, against which database,
 # and where valgrind's command pipes for this run are.
 _CHILD = "KEYTURN_BENCH_INSTRUCTIONS"
 _PIPES = "KEYTURN_BENCH_INSTRUCTIONS_PIPES"
-
-Request = tuple[str, str, dict[str, str], bytes]
-
-
-def _submission(session_id: str, key: str, text: str) -> Request:
-    variables = {"i": {"sessionId": session_id, "idempotencyKey": key, "input": text}}
-    body = orjson.dumps({"query": SUBMIT, "variables": variables})
-    return ("POST", "/graphql", {"Content-Type": "application/json"}, body)
 
 
 async def _call(app: Any, request: Request) -> tuple[int, bytes]:
@@ -100,17 +92,10 @@ async def _call(app: Any, request: Request) -> tuple[int, bytes]:
     return status, body
 
 
-async def _drained(url: str) -> None:
-    """Until no turn waits or runs: the turns admitted have been run."""
-    from keyturn.ops.databases import admin_connect
-
-    conn = await admin_connect(url)
-    try:
-        query = "SELECT count(*) FROM turns WHERE status IN ('QUEUED', 'RUNNING')"
-        while await conn.fetchval(query):  # noqa: ASYNC110 - a count in the database
-            await asyncio.sleep(0.05)
-    finally:
-        await conn.close()
+async def _turns_run(url: str) -> None:
+    """Until every turn admitted has ended: the worker's share counted."""
+    if (await drained(url, DRAIN_S))["left"]:
+        raise SystemExit(f"the worker left turns queued or running after {DRAIN_S:.0f} s")
 
 
 async def _callgrind(switch: str) -> None:
@@ -118,23 +103,28 @@ async def _callgrind(switch: str) -> None:
     callgrind_control calls, without its listing of every valgrind on the
     machine), on this run's own pipes. Valgrind takes the request while
     this process runs code, so the loop keeps running some until it is
-    done; the few turns it takes are all it adds to a count."""
-    prefix = os.environ[_PIPES]
-    control = await asyncio.create_subprocess_exec(
-        "vgdb",
-        f"--vgdb-prefix={prefix}",
-        f"--pid={os.getpid()}",
-        "instrumentation",
-        switch,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while control.returncode is None:
-        if time.monotonic() > deadline:
-            control.kill()
-            raise SystemExit(f"vgdb: instrumentation {switch} was not answered")
-        await asyncio.sleep(0.005)
+    done; the few turns it takes are all it adds to a count. A request not
+    taken in 20 s is asked again, twice; then the run ends at once, with
+    no shutdown that could wait too."""
+    for _ in range(3):
+        control = await asyncio.create_subprocess_exec(
+            "vgdb",
+            f"--vgdb-prefix={os.environ[_PIPES]}",
+            f"--pid={os.getpid()}",
+            "instrumentation",
+            switch,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while control.returncode is None and time.monotonic() < deadline:  # noqa: ASYNC110 - code must run meanwhile
+            await asyncio.sleep(0.005)
+        if control.returncode is not None:
+            return
+        control.kill()
+        await control.wait()
+    print(f"vgdb: instrumentation {switch} was not answered", file=sys.stderr, flush=True)
+    os._exit(3)
 
 
 async def _measure(what: str, url: str, requests: int) -> None:
@@ -143,26 +133,24 @@ async def _measure(what: str, url: str, requests: int) -> None:
     from keyturn.http.app import create_app
     from keyturn.settings import Settings
 
-    expect: bytes
-    make: Callable[[int], Request]
+    make: MakeRequest
     if what == "page":
         session = await make_event_session(url, EVENTS, "NONE")
         pages = reading.page_requests("graphql", session, EVENTS)
         make, expect = (lambda n: pages[n % len(pages)]), b'"edges"'
     else:
         sessions = await make_sessions(url, 64, "NONE")
-        prefix = "k" if what == "replay" else "n"
-        make = lambda n: _submission(sessions[n % 64], f"{prefix}-{n}", f"hello {n}")  # noqa: E731
+        # bench/submit.lua's requests: new keys, or keys 1..REPLAYED again.
+        cycle = REPLAYED if what == "replay" else 0
+        make = submit_request("graphql", sessions, what, cycle)
         expect = b'"TurnReplayed"' if what == "replay" else b'"TurnAccepted"'
     app = create_app(Settings(), database_url=url)
     async with app.router.lifespan_context(app):
-        numbers: Iterator[int] = itertools.count()
+        numbers = itertools.count()
         if what == "replay":
-            # The keys replayed, admitted first and their turns run.
-            for n in range(256):
+            for n in range(REPLAYED):
                 await _call(app, make(n))
-            await _drained(url)
-            numbers = itertools.cycle(range(256))
+            await _turns_run(url)
 
         async def client(count: int) -> None:
             for _ in range(count):
@@ -172,11 +160,11 @@ async def _measure(what: str, url: str, requests: int) -> None:
 
         await asyncio.gather(*(client(10) for _ in range(CLIENTS)))  # warm-up
         if what == "new":
-            await _drained(url)
+            await _turns_run(url)
         await _callgrind("on")
         await asyncio.gather(*(client(requests // CLIENTS) for _ in range(CLIENTS)))
         if what == "new":
-            await _drained(url)
+            await _turns_run(url)
         await _callgrind("off")
 
 
