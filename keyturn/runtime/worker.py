@@ -13,7 +13,6 @@ runs a turn a second time on its own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -69,7 +68,10 @@ def new_owner_id() -> str:
 class _Running:
     turn: TurnRecord
     task: asyncio.Task[None] | None = None
-    lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    # Its renewal was refused: another owner, or the sweep, has the turn.
+    lease_lost: bool = False
+    # The model is producing its reply (a lost lease cancels the task then).
+    replying: bool = False
     cancel: CancelSignal = field(default_factory=CancelSignal)
     checking_cancel: bool = False  # a read of the turn's cancel is under way
     # The turn ended in the record (finished or handed back), not left to its lease.
@@ -428,21 +430,24 @@ class Worker:
             cancel=running.cancel,
         )
         try:
-            model_task = asyncio.create_task(self._reply(turn, output))
-            lost = asyncio.create_task(running.lease_lost.wait())
+            # The reply runs in this task: a lost lease cancels it where it
+            # is (_lose_lease), with no task of its own to watch for that.
+            running.replying = True
             try:
-                await asyncio.wait({model_task, lost}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                lost.cancel()
-            if not model_task.done():
+                try:
+                    text = await self._reply(turn, output)
+                finally:
+                    running.replying = False
+                if running.lease_lost:
+                    # A cancel the reply's code kept to itself: the work is
+                    # abandoned all the same (its end would be refused).
+                    raise asyncio.CancelledError
+            except asyncio.CancelledError:
+                if not self._lost_lease_cancelled(running):
+                    raise  # a stop past its grace: handed back below
                 output.abandon()
-                model_task.cancel()
                 log.warning("turn %s: lease lost while running; abandoning the work", turn.id)
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await model_task
                 return
-            try:
-                text = model_task.result()
             except AwaitingApproval:
                 # WAITING in the record, its lease released: this process's
                 # part in the turn is over until a decision requeues it.
@@ -526,7 +531,7 @@ class Worker:
         while True:
             await asyncio.sleep(delay)
             delay = self.settings.lease_renew_s
-            held = [r for r in self._running.values() if not r.lease_lost.is_set()]
+            held = [r for r in self._running.values() if not r.lease_lost]
             if not held:
                 continue
             sent = self._now()
@@ -555,10 +560,31 @@ class Worker:
                     if renewal.cancel_requested:
                         self._check_cancel(running)
                 elif running.turn.id in answer.refused:
-                    running.lease_lost.set()
+                    self._lose_lease(running)
                 else:
                     # Held by another writer this moment: ask again soon.
                     delay = self.settings.lease_renew_s / 2
+
+    @staticmethod
+    def _lose_lease(running: _Running) -> None:
+        """The record has refused the turn's renewal: its writes would be
+        refused too, so the reply still under way is cancelled (its task
+        learns why from ``lease_lost``). An end already being written goes
+        on, to be refused by its fence."""
+        running.lease_lost = True
+        if running.replying and running.task is not None:
+            running.task.cancel()
+
+    @staticmethod
+    def _lost_lease_cancelled(running: _Running) -> bool:
+        """Whether the cancel this task caught is the lost lease's alone
+        (then it is taken back, and the turn left to its lease), not a
+        stop's, which must go on."""
+        task = asyncio.current_task()
+        if not running.lease_lost or task is None or task.cancelling() > 1:
+            return False
+        task.uncancel()
+        return True
 
     async def _finish_cancelled(
         self, turn: TurnRecord, signal: CancelSignal, produced: Output

@@ -43,6 +43,33 @@ async def test_a_renewal_that_raises_an_unexpected_error_is_retried(
     assert "turn.interrupted" not in [e["type"] for e in done["events"]]
 
 
+async def test_a_lost_lease_stops_the_reply_where_it_is(
+    server: InProcessServer, client: GraphQLClient, db: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The reply would hold the turn for a minute and write nothing meanwhile:
+    # only the refused renewal (every 0.5 s) can tell the worker to let go.
+    worker = server.app.state.runtime.worker
+    sid = await client.create_session()
+    tid = (await client.submit(sid, "k", "/sleep 60000"))["turn"]["id"]
+    await held_at(db, tid, 2)  # turn.started, turn.running
+    assert worker.running_count == 1
+    await take_over(db, tid)
+    deadline = asyncio.get_running_loop().time() + 10
+    while worker.running_count:
+        assert asyncio.get_running_loop().time() < deadline, "the worker kept the turn"
+        await asyncio.sleep(0.05)
+    assert any("lease lost while running" in r.getMessage() for r in caplog.records)
+    done = await client.wait_for_status(tid, {"INTERRUPTED", "COMPLETED", "FAILED"}, within=10)
+    assert [e["type"] for e in done["events"]] == [
+        "turn.started",
+        "turn.running",
+        "turn.interrupted",
+    ]
+    # The worker goes on: the session's next turn runs to its end.
+    nxt = (await client.submit(sid, "k2", "hello"))["turn"]["id"]
+    assert (await client.wait_for_status(nxt, {"COMPLETED"}, within=10))["output"]
+
+
 @pytest.fixture
 async def holding_server(database_url: str) -> AsyncIterator[InProcessServer]:
     """Tool calls hold after their intent, as if the process had hung there."""
