@@ -60,8 +60,13 @@ class Output:
         self._interval = flush_interval_s
         self._pending: list[str] = []  # written, not yet recorded
         self._index = 0  # the next delta's
-        self._timer: asyncio.Task[None] | None = None
-        self._writing = False  # the timer is inside ``record``
+        # The interval's wait before the next delta is a timer, not a task:
+        # a reply produced within it (the whole reply at once, say) cancels
+        # a handle and never makes a task. Once it fires, ``_writer`` records
+        # the deltas, one per interval, while text keeps coming.
+        self._due: asyncio.TimerHandle | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._writing = False  # the writer is inside ``record``
         self._flushed = False
         self._failure: BaseException | None = None
 
@@ -115,35 +120,49 @@ class Output:
         if self._record is None:
             return
         self._pending.append(text)
-        if self._timer is None and not self._flushed:
-            self._timer = asyncio.create_task(self._record_later(), name="keyturn-output")
+        if self._due is None and self._writer is None and not self._flushed:
+            loop = asyncio.get_running_loop()
+            self._due = loop.call_later(self._interval, self._start_writer)
 
     async def flush(self) -> None:
         """The reply is done: no more timed writes (one in flight is waited
         for). Raises what stopped the recording, if anything did."""
         self._flushed = True
-        timer = self._timer
-        if timer is not None:
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
+        writer = self._writer
+        if writer is not None:
+            # Between two deltas the writer is cancelled at its wait, where
+            # it records nothing more; inside one, that delta is let finish.
             if not self._writing:
-                timer.cancel()
-            await asyncio.wait([timer])
-            # A cancelled timer keeps its CancelledError, whose traceback
+                writer.cancel()
+            await asyncio.wait([writer])
+            # A cancelled writer keeps its CancelledError, whose traceback
             # holds the frame that holds this object: let go of it, so the
             # turn's output is freed when the turn ends (not by the collector).
-            self._timer = None
+            self._writer = None
         self._raise_failure()
 
     def abandon(self) -> None:
         """The turn is no longer this process's to write: stop recording."""
         self._flushed = True
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
+        if self._writer is not None:
+            self._writer.cancel()
 
-    async def _record_later(self) -> None:
+    def _start_writer(self) -> None:
+        self._due = None
+        if not self._flushed:
+            self._writer = asyncio.create_task(self._record_pending(), name="keyturn-output")
+
+    async def _record_pending(self) -> None:
+        """The deltas, one an interval, until no text is pending."""
         assert self._record is not None
         try:
-            while self._pending and not self._flushed:
-                await asyncio.sleep(self._interval)
+            while True:
                 count = len(self._pending)
                 self._writing = True
                 try:
@@ -153,12 +172,15 @@ class Output:
                 # Text written while the delta was being recorded stays pending.
                 del self._pending[:count]
                 self._index += 1
+                await asyncio.sleep(self._interval)
+                if not self._pending or self._flushed:
+                    break
         except asyncio.CancelledError:
             raise
         except Exception as error:
             self._failure = error
         finally:
-            self._timer = None
+            self._writer = None
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
