@@ -26,7 +26,7 @@ from typing import Any
 
 from keyturn.db.engine import raw_connect
 from keyturn.db.failures import DRIVER_ERRORS
-from keyturn.waits import set_within
+from keyturn.waits import set_within, within
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class Listener:
         """Close the connection (the loops were cancelled first)."""
         if self._conn is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._conn.close(), 2)
+                await within(self._conn.close(), 2)
 
     def wake(self, session_id: uuid.UUID) -> None:
         """Tell every process (this one included) that ``session_id`` has news."""
@@ -140,7 +140,9 @@ class Listener:
                 # A half-open TCP connection never reports itself: ask.
                 try:
                     async with self._io:
-                        await asyncio.wait_for(self._conn.fetchval("SELECT 1"), 5)
+                        # within, not wait_for: a stop that lands with the
+                        # answer must end this loop (keyturn.waits).
+                        await within(self._conn.fetchval("SELECT 1"), 5)
                     continue
                 except Exception:
                     self._lost.set()

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from keyturn.db import planner
+from keyturn.db.listener import Listener
 from keyturn.http import metrics
 from tests.support import InProcessServer
 
@@ -139,3 +140,28 @@ async def test_the_claim_loop_ending_on_drain_is_not_a_death(
     assert runtime.supervisor.restarts()["worker"] == 0
     assert "died" not in caplog.text
     assert runtime.supervisor.down() == []
+
+
+async def test_a_cancel_that_lands_with_the_health_checks_answer_still_stops_the_listener(
+    database_url: str,
+) -> None:
+    # With no wait between them, the listener checks its connection with
+    # one SELECT 1 after another; a stop then lands now and then in the
+    # step of the loop where a check's answer arrives. Such a cancel once
+    # went unseen, and the loop went on checking: the process's shutdown
+    # waited for it without end.
+    listener = Listener(
+        database_url, on_wake=lambda _s: None, on_reconnect=lambda: None, health_check_s=0
+    )
+    await listener.start()
+    try:
+        for n in range(300):
+            loop = asyncio.create_task(listener.supervise())
+            for _ in range(n % 11):
+                await asyncio.sleep(0)
+            loop.cancel()
+            done, _ = await asyncio.wait({loop}, timeout=5)
+            assert done, f"the listener's loop went on after its cancel (round {n})"
+            assert loop.cancelled()
+    finally:
+        await listener.stop()
