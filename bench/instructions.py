@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,64 @@ REPLAYED = 256
 # How long the worker may take to run the turns admitted.
 DRAIN_S = 600.0
 # Set in the process valgrind runs: what to count, against which database,
-# and where valgrind's command pipes for this run are.
+# and the two pipes it asks the parent to switch the counting through
+# ("<to the parent> <from the parent>", file descriptors).
 _CHILD = "KEYTURN_BENCH_INSTRUCTIONS"
-_PIPES = "KEYTURN_BENCH_INSTRUCTIONS_PIPES"
+_SWITCH = "KEYTURN_BENCH_INSTRUCTIONS_SWITCH"
+# How long one vgdb request may take, and how many are made, before a run
+# that cannot switch is ended.
+_VGDB_S = 20.0
+_VGDB_TRIES = 3
+
+
+# Requests answered so far in this process, for the watchdog.
+_answered = [0]
+# How long the requests may go without one answered before the run is
+# ended, and how often that is checked. Valgrind makes a request some 50
+# times slower; a minute is hundreds of them.
+STALL_S = 90.0
+_STALL_CHECK_S = 5.0
+
+
+async def _watchdog(draining: asyncio.Event) -> None:
+    """A run whose requests stop being answered (seen about once in thirty
+    runs of ``replay`` under valgrind, never without it) is ended with what
+    each of its tasks waits on, rather than waiting for the parent to kill
+    it. Not while the worker's turns are awaited: that wait has a limit of
+    its own."""
+    seen, since = _answered[0], time.monotonic()
+    while True:
+        await asyncio.sleep(_STALL_CHECK_S)
+        if draining.is_set() or _answered[0] != seen:
+            seen, since = _answered[0], time.monotonic()
+            continue
+        if time.monotonic() - since < STALL_S:
+            continue
+        print(
+            f"no request answered in {STALL_S:.0f} s; what each task waits on:",
+            file=sys.stderr,
+        )
+        for task in asyncio.all_tasks():
+            print(f"-- {task.get_name()}", file=sys.stderr)
+            for line in _awaiting(task.get_coro()):
+                print(f"   {line}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(4)
+
+
+def _awaiting(coro: Any) -> list[str]:
+    """Where a suspended coroutine is, down its chain of awaits (a task's
+    own stack shows only the outermost frame), and what it last awaits."""
+    lines: list[str] = []
+    while coro is not None and len(lines) < 40:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            lines.append(f"awaits {coro!r}"[:300])
+            break
+        code = frame.f_code
+        lines.append(f"{code.co_filename}:{frame.f_lineno} {code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return lines
 
 
 async def _call(app: Any, request: Request) -> tuple[int, bytes]:
@@ -87,44 +143,78 @@ async def _call(app: Any, request: Request) -> tuple[int, bytes]:
         "state": {},
     }
     await app(scope, receive, send)
+    _answered[0] += 1
     status = next(m["status"] for m in messages if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
     return status, body
 
 
-async def _turns_run(url: str) -> None:
+async def _turns_run(url: str, draining: asyncio.Event) -> None:
     """Until every turn admitted has ended: the worker's share counted."""
-    if (await drained(url, DRAIN_S))["left"]:
-        raise SystemExit(f"the worker left turns queued or running after {DRAIN_S:.0f} s")
+    draining.set()
+    try:
+        if (await drained(url, DRAIN_S))["left"]:
+            raise SystemExit(f"the worker left turns queued or running after {DRAIN_S:.0f} s")
+    finally:
+        draining.clear()
 
 
 async def _callgrind(switch: str) -> None:
-    """Instrumentation on or off, asked of valgrind through vgdb (what
-    callgrind_control calls, without its listing of every valgrind on the
-    machine), on this run's own pipes. Valgrind takes the request while
-    this process runs code, so the loop keeps running some until it is
-    done; the few turns it takes are all it adds to a count. A request not
-    taken in 20 s is asked again, twice; then the run ends at once, with
-    no shutdown that could wait too."""
-    for _ in range(3):
-        control = await asyncio.create_subprocess_exec(
-            "vgdb",
-            f"--vgdb-prefix={os.environ[_PIPES]}",
-            f"--pid={os.getpid()}",
-            "instrumentation",
-            switch,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 20
-        while control.returncode is None and time.monotonic() < deadline:  # noqa: ASYNC110 - code must run meanwhile
-            await asyncio.sleep(0.005)
-        if control.returncode is not None:
-            return
-        control.kill()
-        await control.wait()
-    print(f"vgdb: instrumentation {switch} was not answered", file=sys.stderr, flush=True)
-    os._exit(3)
+    """Instrumentation on or off: asked of the parent (``_switcher``), which
+    runs vgdb against this process. This process starts none of its own:
+    each run that hung (about one in thirty) had started vgdb itself, and
+    one was found idle in its loop, with no vgdb left running. Valgrind
+    takes the request while this process runs code, so the loop keeps
+    running some until the parent answers; the few turns it takes are all
+    it adds to a count. A switch the parent could not make ends the run at
+    once, with no shutdown that could wait too."""
+    to_parent, from_parent = (int(fd) for fd in os.environ[_SWITCH].split())
+    os.write(to_parent, f"{switch} {os.getpid()}\n".encode())
+    answer = b""
+    while not answer.endswith(b"\n"):
+        await asyncio.sleep(0.005)
+        try:
+            answer += os.read(from_parent, 64)
+        except BlockingIOError:
+            continue
+    if answer.strip() != b"ok":
+        print(f"vgdb: instrumentation {switch} was not answered", file=sys.stderr, flush=True)
+        os._exit(3)
+
+
+def _switcher(asked: int, answered: int, prefix: str) -> None:
+    """In the parent, on a thread: each line the counted process sends
+    ("on PID", "off PID") run as vgdb's request on that process's own pipes
+    (not callgrind_control, which first lists every valgrind on the
+    machine), asked again if not taken within _VGDB_S; "ok" or "failed"
+    back. Ends when the counted process does."""
+    with open(asked, "rb", buffering=0) as lines, open(answered, "wb", buffering=0) as back:
+        for line in lines:
+            switch, pid = line.decode().split()
+            ok = False
+            for _ in range(_VGDB_TRIES):
+                try:
+                    ran = subprocess.run(
+                        [
+                            "vgdb",
+                            f"--vgdb-prefix={prefix}",
+                            f"--pid={pid}",
+                            "instrumentation",
+                            switch,
+                        ],
+                        capture_output=True,
+                        timeout=_VGDB_S,
+                        check=False,
+                    )
+                except subprocess.TimeoutExpired:
+                    continue
+                if ran.returncode == 0:
+                    ok = True
+                    break
+            try:
+                back.write(b"ok\n" if ok else b"failed\n")
+            except BrokenPipeError:  # the counted process has ended
+                return
 
 
 async def _measure(what: str, url: str, requests: int) -> None:
@@ -145,12 +235,14 @@ async def _measure(what: str, url: str, requests: int) -> None:
         make = submit_request("graphql", sessions, what, cycle)
         expect = b'"TurnReplayed"' if what == "replay" else b'"TurnAccepted"'
     app = create_app(Settings(), database_url=url)
+    draining = asyncio.Event()
+    watchdog = asyncio.create_task(_watchdog(draining), name="bench-watchdog")
     async with app.router.lifespan_context(app):
         numbers = itertools.count()
         if what == "replay":
             for n in range(REPLAYED):
                 await _call(app, make(n))
-            await _turns_run(url)
+            await _turns_run(url, draining)
 
         async def client(count: int) -> None:
             for _ in range(count):
@@ -160,12 +252,13 @@ async def _measure(what: str, url: str, requests: int) -> None:
 
         await asyncio.gather(*(client(10) for _ in range(CLIENTS)))  # warm-up
         if what == "new":
-            await _turns_run(url)
+            await _turns_run(url, draining)
         await _callgrind("on")
         await asyncio.gather(*(client(requests // CLIENTS) for _ in range(CLIENTS)))
         if what == "new":
-            await _turns_run(url)
+            await _turns_run(url, draining)
         await _callgrind("off")
+    watchdog.cancel()
 
 
 def _child() -> int:
@@ -199,33 +292,51 @@ def main(argv: list[str] | None = None) -> int:
     ):
         progress(f"{where}; {a.what}: {requests} requests under callgrind (a minute or two)")
         out = a.keep or Path(tmp) / "callgrind.out"
+        prefix = str(Path(tmp) / "vgdb")
+        asked, ask = os.pipe()  # (read, write): the child asks
+        answer, answered = os.pipe()  # the parent answers
+        os.set_blocking(answer, False)
         env = {
             **os.environ,
             _CHILD: f"{a.what} {urls['keyturn']} {requests}",
-            _PIPES: str(Path(tmp) / "vgdb"),
+            _SWITCH: f"{ask} {answer}",
             # The same hashes every run: a dict's layout, and so its work, alike.
             "PYTHONHASHSEED": "0",
         }
-        done = subprocess.run(
+        child = subprocess.Popen(
             [
                 "valgrind",
                 "--tool=callgrind",
                 "--instr-atstart=no",
-                f"--vgdb-prefix={Path(tmp) / 'vgdb'}",
+                f"--vgdb-prefix={prefix}",
                 f"--callgrind-out-file={out}",
                 sys.executable,
                 "-m",
                 "bench.instructions",
             ],
             env=env,
-            capture_output=True,
+            pass_fds=(ask, answer),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            check=False,
-            timeout=900,  # killed, not left behind, if it never ends
         )
+        # The child's ends are its own now: the switcher sees the end of
+        # its requests when the child exits.
+        os.close(ask)
+        os.close(answer)
+        switcher = threading.Thread(target=_switcher, args=(asked, answered, prefix), daemon=True)
+        switcher.start()
+        try:
+            stdout, stderr = child.communicate(timeout=900)
+        except subprocess.TimeoutExpired:  # killed, not left behind, if it never ends
+            child.kill()
+            stdout, stderr = child.communicate()
+        switcher.join(timeout=_VGDB_S * _VGDB_TRIES)
+        done = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
         counted = [line for line in done.stderr.splitlines() if "Collected :" in line]
         if done.returncode != 0 or not counted:
-            tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+            # Enough for the watchdog's report of every task.
+            tail = "\n".join((done.stdout + done.stderr).splitlines()[-200:])
             raise SystemExit(f"the counted run failed:\n{tail}")
         total = int(counted[-1].split(":")[-1])
         print(f"keyturn {a.what}: {total / requests / 1e6:.3f} M instructions per request")
