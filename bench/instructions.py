@@ -1,5 +1,5 @@
 """Instructions one request costs a Keyturn process, counted by callgrind:
-the same count, to a part in a thousand, however busy the machine is.
+the same count, to within a part in a hundred, however busy the machine is.
 
     python -m bench.instructions page     # a page of 100 events (row f's document)
     python -m bench.instructions replay   # submitTurn, a key already admitted (row d)
