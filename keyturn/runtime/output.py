@@ -172,9 +172,11 @@ class Output:
                 # Text written while the delta was being recorded stays pending.
                 del self._pending[:count]
                 self._index += 1
-                await asyncio.sleep(self._interval)
                 if not self._pending or self._flushed:
+                    # Nothing to wait for: a flush that waits on this delta
+                    # goes on at once, and later text arms a new interval.
                     break
+                await asyncio.sleep(self._interval)
         except asyncio.CancelledError:
             raise
         except Exception as error:
