@@ -63,17 +63,17 @@ _VGDB_TRIES = 3
 _answered = [0]
 # How long the requests may go without one answered before the run is
 # ended, and how often that is checked. Valgrind makes a request some 50
-# times slower; a minute is hundreds of them.
+# times slower; 90 s is still thousands of them.
 STALL_S = 90.0
 _STALL_CHECK_S = 5.0
 
 
 async def _watchdog(draining: asyncio.Event) -> None:
-    """A run whose requests stop being answered (seen about once in thirty
-    runs of ``replay`` under valgrind, never without it) is ended with what
-    each of its tasks waits on, rather than waiting for the parent to kill
-    it. Not while the worker's turns are awaited: that wait has a limit of
-    its own."""
+    """A run whose requests stop being answered, or whose application does
+    not shut down after them, is ended with what each of its tasks waits
+    on, rather than waiting for the parent to kill it (a shutdown the
+    listener's health check held up for ever was found so). Not while the
+    worker's turns are awaited: that wait has a limit of its own."""
     seen, since = _answered[0], time.monotonic()
     while True:
         await asyncio.sleep(_STALL_CHECK_S)
