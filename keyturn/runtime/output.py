@@ -128,9 +128,7 @@ class Output:
         """The reply is done: no more timed writes (one in flight is waited
         for). Raises what stopped the recording, if anything did."""
         self._flushed = True
-        if self._due is not None:
-            self._due.cancel()
-            self._due = None
+        self._cancel_due()
         writer = self._writer
         if writer is not None:
             # Between two deltas the writer is cancelled at its wait, where
@@ -147,11 +145,14 @@ class Output:
     def abandon(self) -> None:
         """The turn is no longer this process's to write: stop recording."""
         self._flushed = True
+        self._cancel_due()
+        if self._writer is not None:
+            self._writer.cancel()
+
+    def _cancel_due(self) -> None:
         if self._due is not None:
             self._due.cancel()
             self._due = None
-        if self._writer is not None:
-            self._writer.cancel()
 
     def _start_writer(self) -> None:
         self._due = None

@@ -79,6 +79,25 @@ class _Running:
     # When its lease runs out unless renewed first (the loop's clock): for the log.
     lease_deadline: float = 0.0
 
+    def lose_lease(self) -> None:
+        """The record has refused the turn's renewal: its writes would be
+        refused too, so the reply still under way is cancelled (its task
+        learns why from ``lease_lost``). An end already being written goes
+        on, to be refused by its fence."""
+        self.lease_lost = True
+        if self.replying and self.task is not None:
+            self.task.cancel()
+
+    def took_back_lease_cancel(self) -> bool:
+        """In the turn's task: whether the cancel it caught is the lost
+        lease's alone (then it is taken back, and the turn left to its
+        lease), not a stop's, which must go on."""
+        task = asyncio.current_task()
+        if not self.lease_lost or task is None or task.cancelling() > 1:
+            return False
+        task.uncancel()
+        return True
+
 
 @dataclass(frozen=True)
 class WorkerSettings:
@@ -431,7 +450,7 @@ class Worker:
         )
         try:
             # The reply runs in this task: a lost lease cancels it where it
-            # is (_lose_lease), with no task of its own to watch for that.
+            # is (_Running.lose_lease), with no task of its own to watch for that.
             running.replying = True
             try:
                 try:
@@ -443,7 +462,7 @@ class Worker:
                     # abandoned all the same (its end would be refused).
                     raise asyncio.CancelledError
             except asyncio.CancelledError:
-                if not self._lost_lease_cancelled(running):
+                if not running.took_back_lease_cancel():
                     raise  # a stop past its grace: handed back below
                 output.abandon()
                 log.warning("turn %s: lease lost while running; abandoning the work", turn.id)
@@ -560,31 +579,10 @@ class Worker:
                     if renewal.cancel_requested:
                         self._check_cancel(running)
                 elif running.turn.id in answer.refused:
-                    self._lose_lease(running)
+                    running.lose_lease()
                 else:
                     # Held by another writer this moment: ask again soon.
                     delay = self.settings.lease_renew_s / 2
-
-    @staticmethod
-    def _lose_lease(running: _Running) -> None:
-        """The record has refused the turn's renewal: its writes would be
-        refused too, so the reply still under way is cancelled (its task
-        learns why from ``lease_lost``). An end already being written goes
-        on, to be refused by its fence."""
-        running.lease_lost = True
-        if running.replying and running.task is not None:
-            running.task.cancel()
-
-    @staticmethod
-    def _lost_lease_cancelled(running: _Running) -> bool:
-        """Whether the cancel this task caught is the lost lease's alone
-        (then it is taken back, and the turn left to its lease), not a
-        stop's, which must go on."""
-        task = asyncio.current_task()
-        if not running.lease_lost or task is None or task.cancelling() > 1:
-            return False
-        task.uncancel()
-        return True
 
     async def _finish_cancelled(
         self, turn: TurnRecord, signal: CancelSignal, produced: Output
