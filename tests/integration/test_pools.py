@@ -332,3 +332,46 @@ async def test_a_connection_goes_back_to_the_pool_as_it_came_whichever_way_it_is
             assert await conn.driver.fetchval("SELECT 1") == 1
     finally:
         await engine.dispose()
+
+
+async def test_checkouts_that_wait_for_a_connection_get_one_in_the_order_they_came(
+    database_url: str,
+) -> None:
+    """A checkout that arrives while others wait goes behind them, even when
+    it comes in the very moment a connection is handed back: under load,
+    one that kept being overtaken waited ten times as long as the rest."""
+    engine = create_engine(database_url, pool_size=2, pool_timeout=30)
+    served: list[str] = []
+    holding: list[None] = []
+    both_held, handed_back = asyncio.Event(), asyncio.Event()
+
+    async def checkout(name: str) -> None:
+        async with connect(engine) as conn:
+            served.append(name)
+            await conn.driver.fetchval("SELECT 1")
+
+    async def holder() -> None:
+        async with connect(engine):
+            holding.append(None)
+            if len(holding) == 2:
+                both_held.set()
+            await handed_back.wait()
+
+    try:
+        async with every_connection_of(engine):
+            pass  # both connections open and idle: a newcomer would find one at once
+        holders = [asyncio.create_task(holder()) for _ in range(2)]
+        await asyncio.wait_for(both_held.wait(), 10)
+        waiting = []
+        for n in range(6):
+            waiting.append(asyncio.create_task(checkout(f"waiting {n}")))
+            await asyncio.sleep(0)  # each begins to wait before the next arrives
+        # The holders give their connections back, and in the same moment
+        # newcomers arrive: they run before the waiters the returns woke.
+        handed_back.set()
+        newcomers = [asyncio.create_task(checkout(f"newcomer {n}")) for n in range(4)]
+        await asyncio.wait_for(asyncio.gather(*holders, *waiting, *newcomers), 30)
+        assert served == [f"waiting {n}" for n in range(6)] + [f"newcomer {n}" for n in range(4)]
+        assert engine.checkedout() == 0
+    finally:
+        await engine.dispose()
