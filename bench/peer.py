@@ -75,14 +75,15 @@ async def _no_reset(_conn: asyncpg.Connection) -> None:
 
 def create_app() -> Starlette:
     dsn = os.environ["PEER_DATABASE_URL"]
-    pool_size = int(os.environ.get("PEER_POOL_SIZE", "10"))
+    pool_size = int(os.environ.get("PEER_POOL_SIZE", "20"))
     state: dict[str, asyncpg.Pool] = {}
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        # Same capacity as Keyturn's engine: pool_size plus as many again on overflow.
+        # Keyturn's capacity: its requests' pool holds at most pool_size
+        # connections (KEYTURN_POOL_SIZE); half of the peer's open at start.
         pool = await asyncpg.create_pool(
-            dsn, min_size=pool_size, max_size=2 * pool_size, reset=_no_reset
+            dsn, min_size=max(1, pool_size // 2), max_size=pool_size, reset=_no_reset
         )
         state["pool"] = pool
         try:

@@ -45,7 +45,13 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--concurrency", type=int, default=64, help="connections for every row")
     p.add_argument("--sessions", type=int, default=64, help="sessions in the 'many' rows")
     p.add_argument("--workers", type=int, default=2, help="server processes (Keyturn and peer)")
-    p.add_argument("--pool-size", type=int, default=10, help="KEYTURN_POOL_SIZE (peer: same)")
+    p.add_argument(
+        "--pool-size",
+        type=int,
+        default=20,
+        help="connections per server process: KEYTURN_POOL_SIZE, and the peer's pool at most as "
+        "many",
+    )
     p.add_argument("--floor-pool", type=int, default=20, help="connections the floor uses")
     p.add_argument("--listeners", type=int, help="turnCompleted listeners (default 1000)")
     p.add_argument("--events", type=int, help="events in the reading session (default 10000)")
