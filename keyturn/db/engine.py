@@ -428,8 +428,9 @@ async def connect(engine: Engine) -> AsyncIterator[Conn]:
         # few waited ten times as long as the rest (bench/README.md, "Waits
         # for a connection in the order they came"). So a checkout first
         # takes its place here, where asyncio's semaphore hands a slot to
-        # the oldest waiter; with a slot in hand the pool never makes it
-        # wait for a connection, only for one to be opened.
+        # the oldest waiter; with a slot in hand the pool has a connection
+        # for it, or room to open one (a return a cancel cut short may
+        # still be on its way back, asyncpg finishing it in a task).
         order = engine._checkouts
         assert order is not None  # made with the pool
         try:
