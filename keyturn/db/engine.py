@@ -223,6 +223,7 @@ class Engine:
         "_pool",
         "_size",
         "_timeout",
+        "_waiting",
         "url",
     )
 
@@ -246,6 +247,7 @@ class Engine:
         # came: made with the pool, in the event loop it belongs to.
         self._checkouts: asyncio.Semaphore | None = None
         self._in_use = 0
+        self._waiting = 0
         self._per_tenant = per_tenant
 
     def size(self) -> int:
@@ -255,6 +257,10 @@ class Engine:
     def checkedout(self) -> int:
         """How many of them are in use now."""
         return self._in_use
+
+    def waiting(self) -> int:
+        """How many checkouts wait for one of them now."""
+        return self._waiting
 
     async def _open(self) -> Any:
         # Made here, in the event loop, not in __init__: engines are built
@@ -456,7 +462,11 @@ async def connect(engine: Engine) -> AsyncIterator[Conn]:
                     if claim is not None:
                         await claim.shares.acquire(claim.tenant, cap=cap)
                         shares = claim.shares
-                    await order.acquire()
+                    engine._waiting += 1
+                    try:
+                        await order.acquire()
+                    finally:
+                        engine._waiting -= 1
                     checkouts = order
                     pooled = await pool.acquire()
         except TimeoutError:

@@ -77,6 +77,11 @@ POOL_SIZE = Gauge(
     "Database connections the pool keeps",
     multiprocess_mode="livesum",
 )
+POOL_WAITING = Gauge(
+    "keyturn_pool_checkouts_waiting",
+    "Requests waiting for a database connection of the pool, in the order they came",
+    multiprocess_mode="livesum",
+)
 WORK_POOL_IN_USE = Gauge(
     "keyturn_work_pool_connections_in_use",
     "Database connections checked out of the worker's pool (claims, renewals, finishes)",
@@ -85,6 +90,11 @@ WORK_POOL_IN_USE = Gauge(
 WORK_POOL_SIZE = Gauge(
     "keyturn_work_pool_connections_size",
     "Database connections the worker's pool keeps",
+    multiprocess_mode="livesum",
+)
+WORK_POOL_WAITING = Gauge(
+    "keyturn_work_pool_checkouts_waiting",
+    "The worker's writes waiting for a database connection of its pool",
     multiprocess_mode="livesum",
 )
 LISTENER_RECONNECTS = Counter(
@@ -152,8 +162,10 @@ def sample(runtime: Runtime) -> None:
     """Copy this process's gauges from the runtime."""
     POOL_IN_USE.set(runtime.engine.checkedout())
     POOL_SIZE.set(runtime.engine.size())
+    POOL_WAITING.set(runtime.engine.waiting())
     WORK_POOL_IN_USE.set(runtime.work_engine.checkedout())
     WORK_POOL_SIZE.set(runtime.work_engine.size())
+    WORK_POOL_WAITING.set(runtime.work_engine.waiting())
     SUBSCRIPTIONS.set(runtime.bus.subscriber_count)
     RUNNING.set(runtime.worker.running_count)
     for attr, counter in (("interrupted", INTERRUPTIONS), ("reconnects", LISTENER_RECONNECTS)):

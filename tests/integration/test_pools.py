@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy.engine import make_url
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
@@ -320,7 +321,9 @@ async def test_a_connection_goes_back_to_the_pool_as_it_came_whichever_way_it_is
                 for _ in range(20):
                     await asyncio.sleep(0)
                 assert not waiting.done() and patient.checkedout() == 1
+                assert patient.waiting() == 1
             assert await waiting == out and patient.checkedout() == 0
+            assert patient.waiting() == 0
         finally:
             await patient.dispose()
         async with connect(engine), connect(engine):
@@ -375,3 +378,32 @@ async def test_checkouts_that_wait_for_a_connection_get_one_in_the_order_they_ca
         assert engine.checkedout() == 0
     finally:
         await engine.dispose()
+
+
+async def test_metrics_count_the_requests_waiting_for_a_connection(database_url: str) -> None:
+    settings = fast_settings(pool_size=2, pool_timeout_s=10.0)
+    async with serve_in_process(database_url, settings) as server:
+        engine = server.app.state.runtime.engine
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as http:
+            query = {"query": f'{{ session(id: "{uuid.uuid4()}") {{ id }} }}'}
+            async with every_connection_of(engine):
+                requests = [
+                    asyncio.create_task(http.post("/graphql", json=query)) for _ in range(3)
+                ]
+                # The gauges are sampled once a second (as /metrics reports
+                # them, whichever process answers).
+                seen = None
+                for _ in range(300):
+                    seen = REGISTRY.get_sample_value("keyturn_pool_checkouts_waiting")
+                    if seen == 3.0:
+                        break
+                    await asyncio.sleep(0.01)
+                assert seen == 3.0 and engine.waiting() == 3
+                assert REGISTRY.get_sample_value("keyturn_pool_connections_in_use") == 2.0
+                assert REGISTRY.get_sample_value("keyturn_work_pool_checkouts_waiting") == 0.0
+            for answered in await asyncio.gather(*requests):
+                assert answered.json() == {"data": {"session": None}}
+            assert engine.waiting() == 0
+            metrics = (await http.get("/metrics")).text
+            assert "keyturn_pool_checkouts_waiting 0.0" in metrics, metrics
+            assert "keyturn_work_pool_checkouts_waiting 0.0" in metrics
