@@ -381,7 +381,8 @@ async def test_checkouts_that_wait_for_a_connection_get_one_in_the_order_they_ca
 
 
 async def test_metrics_count_the_requests_waiting_for_a_connection(database_url: str) -> None:
-    settings = fast_settings(pool_size=2, pool_timeout_s=10.0)
+    # The requests wait far longer than the gauges take to show them.
+    settings = fast_settings(pool_size=2, pool_timeout_s=60.0)
     async with serve_in_process(database_url, settings) as server:
         engine = server.app.state.runtime.engine
         async with httpx.AsyncClient(base_url=server.url, timeout=20) as http:
@@ -393,11 +394,12 @@ async def test_metrics_count_the_requests_waiting_for_a_connection(database_url:
                 # The gauges are sampled once a second (as /metrics reports
                 # them, whichever process answers).
                 seen = None
-                for _ in range(300):
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
                     seen = REGISTRY.get_sample_value("keyturn_pool_checkouts_waiting")
                     if seen == 3.0:
                         break
-                    await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.02)
                 assert seen == 3.0 and engine.waiting() == 3
                 assert REGISTRY.get_sample_value("keyturn_pool_connections_in_use") == 2.0
                 assert REGISTRY.get_sample_value("keyturn_work_pool_checkouts_waiting") == 0.0
