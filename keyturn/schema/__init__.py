@@ -11,13 +11,16 @@ from graphql import (
     ASTValidationRule,
     DocumentNode,
     GraphQLError,
+    GraphQLSchema,
     OperationType,
-    execute,
     get_operation_ast,
     specified_rules,
     subscribe,
 )
 from graphql import ExecutionResult as CoreResult
+from graphql.execution import Executor, ExperimentalIncrementalExecutionResults
+from graphql.execution.execute import UNEXPECTED_EXPERIMENTAL_DIRECTIVES
+from graphql.execution.executor import UNEXPECTED_MULTIPLE_PAYLOADS
 from strawberry.exceptions import MissingQueryError
 from strawberry.execution import optimized_is_awaitable
 from strawberry.extensions import DisableIntrospection, SchemaExtension
@@ -114,19 +117,19 @@ class KeyturnSchema(strawberry.Schema):
                 # Strawberry's middleware manager holds no middleware here
                 # (no extension resolves): None does the same, and is one
                 # call less per field.
-                outcome = execute(
+                outcome = _execute(
                     self._schema,
                     document,
+                    self.execution_context_class,
                     root_value=root_value,
                     variable_values=variable_values,
                     operation_name=name,
                     context_value=context_value,
-                    # Strawberry's, typed as a plain bool predicate.
-                    is_awaitable=cast(Any, optimized_is_awaitable),
-                    executor_class=self.execution_context_class,
                     operation_extensions=operation_extensions,
                 )
                 done = outcome if isinstance(outcome, CoreResult) else await outcome
+                if not isinstance(done, CoreResult):
+                    raise GraphQLError(UNEXPECTED_MULTIPLE_PAYLOADS)
                 if done.errors:
                     self._process_errors(done.errors)
                 # RequestLimits.on_execute.
@@ -264,6 +267,44 @@ class KeyturnSchema(strawberry.Schema):
         found.extensions = {}
         plain.public._process_result(found)
         return found
+
+
+def _execute(
+    schema: GraphQLSchema,
+    document: DocumentNode,
+    executor_class: type[Executor[Any]],
+    *,
+    root_value: Any,
+    variable_values: dict[str, Any] | None,
+    operation_name: str | None,
+    context_value: Any,
+    operation_extensions: dict[str, Any] | None,
+) -> Any:
+    """graphql-core's ``execute`` for what run_operation gives it: the same
+    checks, the same executor and the same result, without the two calls it
+    passes some twenty arguments through (``execute``, then
+    ``experimental_execute_incrementally``) or the coroutine it wraps the
+    awaited result in; run_operation tests that result as that coroutine
+    would."""
+    if schema.get_directive("defer") or schema.get_directive("stream"):
+        raise GraphQLError(UNEXPECTED_EXPERIMENTAL_DIRECTIVES)
+    executor = executor_class.build(
+        schema,
+        document,
+        root_value,
+        context_value,
+        variable_values,
+        operation_name,
+        # Strawberry's, typed as a plain bool predicate.
+        is_awaitable=cast(Any, optimized_is_awaitable),
+        operation_extensions=operation_extensions,
+    )
+    if isinstance(executor, list):
+        return CoreResult(None, errors=executor)
+    result = executor.execute_operation()
+    if isinstance(result, ExperimentalIncrementalExecutionResults):
+        raise GraphQLError(UNEXPECTED_MULTIPLE_PAYLOADS)
+    return result
 
 
 def _coerced(error: Exception) -> GraphQLError:

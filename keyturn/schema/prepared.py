@@ -6,8 +6,9 @@ graphql-core's ``Executor.build`` walks the document's definitions, resolves
 every variable's type from its AST and checks each value's nesting depth on
 every request; for a replayed ``submitTurn`` that was a twentieth of the
 request's CPU. :func:`prepare` does the walk and the type lookups once, and
-:meth:`Prepared.variables` coerces the request's values with graphql-core's
-own ``coerce_input_value``. It answers only where every value coerces:
+:meth:`Prepared.variables` coerces the request's values as graphql-core's
+``coerce_input_value`` does, by a coercer made once per variable
+(:func:`coercer`). It answers only where every value coerces:
 anything else (a missing or invalid value, a default that does not coerce, a
 fragment with variables of its own) is None, and graphql-core's ``build``
 then runs as before and gives its errors, with their exact messages.
@@ -15,6 +16,7 @@ then runs as before and gives its errors, with their exact messages.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +24,10 @@ from graphql import (
     DocumentNode,
     FragmentDefinitionNode,
     GraphQLError,
+    GraphQLInputObjectType,
     GraphQLInputType,
+    GraphQLList,
+    GraphQLNonNull,
     GraphQLSchema,
     OperationDefinitionNode,
     Undefined,
@@ -30,6 +35,7 @@ from graphql import (
     is_input_object_type,
     is_list_type,
     is_non_null_type,
+    is_required_input_field,
 )
 from graphql.execution.collect_fields import FragmentDetails
 from graphql.execution.get_variable_signature import (
@@ -37,8 +43,8 @@ from graphql.execution.get_variable_signature import (
     get_variable_signature,
 )
 from graphql.execution.values import VariableValues, VariableValueSource
-from graphql.type import GraphQLDefaultInput
-from graphql.utilities import coerce_input_value
+from graphql.pyutils import is_iterable
+from graphql.type import GraphQLDefaultInput, assert_leaf_type
 from graphql.utilities.coerce_input_value import coerce_default_value
 
 
@@ -56,12 +62,115 @@ def _nests(type_: GraphQLInputType, within: frozenset[str] = frozenset()) -> boo
     return any(_nests(field.type, inside) for field in type_.fields.values())
 
 
+# A value of one input type, coerced; Undefined where it does not coerce.
+Coerce = Callable[[Any], Any]
+
+
+def coercer(type_: GraphQLInputType) -> Coerce:
+    """graphql-core's ``coerce_input_value(value, type_)`` with the type's
+    dispatch decided once: which wrapper, which fields, which leaf. graphql-core
+    asks it again at every level of every value (for a ``submitTurn`` input,
+    eight calls and some forty type tests a request). The same tests on the
+    value, in the same order, with the same results, Undefined included; not
+    for a type that nests (:func:`_nests`), which :func:`prepare` leaves to
+    graphql-core."""
+    if isinstance(type_, GraphQLNonNull):
+        inner = coercer(type_.of_type)
+
+        def non_null(value: Any) -> Any:
+            if value is None or value is Undefined:
+                return Undefined
+            return inner(value)
+
+        return non_null
+    if isinstance(type_, GraphQLList):
+        item = coercer(type_.of_type)
+
+        def listed(value: Any) -> Any:
+            if value is None or value is Undefined:
+                return None
+            if not is_iterable(value):
+                # A value that is not a list is a list of one.
+                one = item(value)
+                return Undefined if one is Undefined else [one]
+            items = []
+            for value_item in value:
+                one = item(value_item)
+                if one is Undefined:
+                    return Undefined
+                items.append(one)
+            return items
+
+        return listed
+    if isinstance(type_, GraphQLInputObjectType):
+        return _object_coercer(type_)
+    leaf = assert_leaf_type(type_)
+    parse = leaf.coerce_input_value
+
+    def leaf_value(value: Any) -> Any:
+        if value is None or value is Undefined:
+            return None
+        try:
+            return parse(value)
+        except Exception:  # graphql-core's: any failure is no value
+            return Undefined
+
+    return leaf_value
+
+
+def _object_coercer(type_: GraphQLInputObjectType) -> Coerce:
+    fields = type_.fields
+    # (name, the key it is coerced to, required, the field, its coercer)
+    plan = [
+        (name, field.out_name or name, is_required_input_field(field), field, coercer(field.type))
+        for name, field in fields.items()
+    ]
+    one_of, out_type = type_.is_one_of, type_.out_type
+
+    def input_object(value: Any) -> Any:
+        if value is None or value is Undefined:
+            return None
+        if not isinstance(value, dict):
+            return Undefined
+        defined = 0
+        for name, field_value in value.items():
+            if field_value is Undefined:
+                continue
+            defined += 1
+            if name not in fields:
+                return Undefined
+        coerced: dict[str, Any] = {}
+        for name, key, required, field, coerce in plan:
+            field_value = value.get(name, Undefined)
+            if field_value is Undefined:
+                if required:
+                    return Undefined
+                # Per call, as graphql-core does: it memoizes the default on
+                # the field, and raises for one that does not coerce.
+                default = coerce_default_value(field)
+                if default is not Undefined:
+                    coerced[key] = default
+                continue
+            found = coerce(field_value)
+            if found is Undefined:
+                return Undefined
+            coerced[key] = found
+        if one_of:
+            keys = list(coerced)
+            if defined != 1 or len(keys) != 1 or coerced[keys[0]] is None:
+                return Undefined
+        return out_type(coerced)
+
+    return input_object
+
+
 @dataclass(frozen=True, slots=True)
 class _Variable:
     name: str
     signature: GraphQLVariableSignature
     node: VariableDefinitionNode
     required: bool  # non-null with no default: a value must be given
+    coerce: Coerce
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +211,7 @@ class Prepared:
                     return None
                 continue
             sources[name] = VariableValueSource(variable.signature, value)
-            found = coerce_input_value(value, variable.signature.type)
+            found = variable.coerce(value)
             if found is Undefined:
                 return None
             coerced[name] = found
@@ -145,6 +254,7 @@ def prepare(
                 signature,
                 node,
                 required=is_non_null_type(signature.type) and not node.default_value,
+                coerce=coercer(signature.type),
             )
         )
     return Prepared(operation, fragment_definitions, fragments, tuple(variables))
