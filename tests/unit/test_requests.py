@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+import unicodedata
 import uuid
 
 import pytest
 
 from keyturn.domain import History
 from keyturn.errors import InvalidRequest
-from keyturn.runtime.validation import TurnRequest, fingerprint
+from keyturn.runtime.validation import CONTROL, TurnRequest, fingerprint
 
 SID = str(uuid.uuid4())
 
@@ -53,3 +55,17 @@ def test_a_lone_surrogate_is_invalid_input_not_a_crash() -> None:
     with pytest.raises(InvalidRequest) as caught:
         parse(input="bad \ud800 text")
     assert caught.value.field == "input"
+
+
+def test_a_key_is_refused_for_exactly_the_control_characters() -> None:
+    # Every code point: refused in a key exactly when Unicode calls it a
+    # control character (Cc), as unicodedata tells.
+    for code in range(sys.maxunicode + 1):
+        ch = chr(code)
+        control = unicodedata.category(ch) == "Cc"
+        assert (CONTROL.search(f"key{ch}key") is not None) is control, hex(code)
+    for ch in ("\x00", "\n", "\x7f", "\x85", "\x9f"):
+        with pytest.raises(InvalidRequest, match="control characters"):
+            parse(idempotency_key=f"a{ch}b")
+    for ch in (" ", "\xa0", "\u2028", "\ufeff", "é", "\U0001f600"):
+        assert parse(idempotency_key=f"a{ch}b").idempotency_key == f"a{ch}b"
