@@ -179,7 +179,9 @@ _RENEW = Statement(
 # The ends of several running turns, each with its last turn.delta when the
 # model left text not yet recorded (its delta not NULL): one statement, one
 # commit, and per turn the delta's seq just before the end's. Each row keeps
-# its own epoch fence; a row whose fence fails is left out of the answer.
+# its own epoch fence; a row whose fence fails is left out of the answer,
+# which is the ids of the turns ended: the worker has the rest (their rows
+# read back and decoded were a few percent of a turn's run in the process).
 # The sessions are locked in id order before any turn row (the lock order of
 # every writer, above), so two batches, or a batch and an admission, cannot
 # wait on each other in a cycle. One turn per session at most is RUNNING, so
@@ -208,7 +210,8 @@ _FINISH = Statement(
         FROM x, s
         WHERE turns.id = x.id AND turns.session_id = s.id
           AND turns.epoch = x.epoch AND turns.status = {RUNNING}
-        RETURNING turns.*, x.type AS end_type, x.data AS end_data, x.delta AS end_delta
+        RETURNING turns.id, turns.session_id, x.type AS end_type, x.data AS end_data,
+                  x.delta AS end_delta
     ), e (turn_id, session_id, back, type, data) AS (
         SELECT id, session_id, 1, {literal(EventType.TURN_DELTA)}, end_delta
         FROM u WHERE end_delta IS NOT NULL
@@ -224,7 +227,7 @@ _FINISH = Statement(
         SELECT e.session_id, e.turn_id, bump.event_seq - e.back, e.type, e.data
         FROM e JOIN bump ON bump.id = e.session_id
     )
-    SELECT {_U} FROM u
+    SELECT u.id FROM u
     """
 )
 
@@ -465,8 +468,8 @@ class Finish:
     delta: dict[str, Any] | None = None
 
 
-async def finish_many(conn: Conn, finishes: Sequence[Finish]) -> dict[uuid.UUID, TurnRecord]:
-    """The turns finished, by id, in one statement; a turn whose epoch or
+async def finish_many(conn: Conn, finishes: Sequence[Finish]) -> set[uuid.UUID]:
+    """The ids of the turns finished, in one statement; a turn whose epoch or
     status no longer matched is not among them."""
     rows = await _FINISH.fetch(
         conn,
@@ -479,7 +482,7 @@ async def finish_many(conn: Conn, finishes: Sequence[Finish]) -> dict[uuid.UUID,
         datas=[orjson.dumps(f.data).decode() for f in finishes],
         deltas=[orjson.dumps(f.delta).decode() if f.delta is not None else None for f in finishes],
     )
-    return {turn.id: turn for turn in map(turn_from, rows)}
+    return {row["id"] for row in rows}
 
 
 async def interrupt_expired(conn: Conn, *, by: str) -> list[TurnRecord]:

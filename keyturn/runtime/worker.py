@@ -655,8 +655,7 @@ class Worker:
         while True:
             try:
                 # Written together with the other turns that end meanwhile.
-                done = await self.finisher.finish(request)
-                if done is None:
+                if not await self.finisher.finish(request):
                     async with connect(self.engine) as conn:
                         # A refusal may be this worker's own earlier attempt,
                         # whose commit answer was lost: then the turn is finished.

@@ -37,9 +37,9 @@ async def finish_one(
     output: str | None,
     error: str | None,
     data: dict[str, Any],
-) -> Any:
+) -> bool:
     one = leases.Finish(turn_id, epoch, status, event_type, output, error, data)
-    return (await leases.finish_many(conn, [one])).get(turn_id)
+    return turn_id in await leases.finish_many(conn, [one])
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ async def test_a_stale_owners_write_is_refused_and_recorded(engine: Engine, db: 
             error=None,
             data={},
         )
-        assert done is None
+        assert not done
         await leases.record_refused_write(
             conn, turn_id=turn_id, epoch=1, attempted="turn.completed", by="old"
         )
@@ -119,7 +119,7 @@ async def test_a_new_claim_fences_out_the_previous_epoch(engine: Engine, db: Any
                 error=None,
                 data={},
             )
-            is None
+            is False
         )
         finished = await finish_one(
             conn,
@@ -131,7 +131,8 @@ async def test_a_new_claim_fences_out_the_previous_epoch(engine: Engine, db: Any
             error=None,
             data={},
         )
-    assert finished is not None and finished.output == "from b"
+    assert finished is True
+    assert await db.fetchval("SELECT output FROM turns WHERE id = $1", turn_id) == "from b"
 
 
 async def test_concurrent_claimers_never_run_two_turns_of_one_session(
@@ -200,7 +201,7 @@ async def test_writers_lock_the_session_before_the_turn(
         await tx.start()
         await holder.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", claimed.session_id)
 
-        async def finish() -> Any:
+        async def finish() -> bool:
             async with connect(engine) as conn:
                 return await finish_one(
                     conn,
@@ -222,8 +223,9 @@ async def test_writers_lock_the_session_before_the_turn(
             )
         assert locked == turn_id
         await tx.rollback()
-        finished = await asyncio.wait_for(finishing, 10)
-        assert finished is not None and finished.status == "COMPLETED"
+        assert await asyncio.wait_for(finishing, 10) is True
+        status = await db.fetchval("SELECT status FROM turns WHERE id = $1", turn_id)
+        assert status == "COMPLETED"
     finally:
         await holder.close()
         await prober.close()
@@ -261,9 +263,9 @@ async def test_one_finish_statement_ends_several_turns_each_behind_its_own_fence
             conn,
             [ending(one), ending(stale, epoch=stale.epoch + 1), ending(with_delta, delta=True)],
         )
-    assert set(done) == {one.id, with_delta.id}
-    assert done[one.id].output == f"out {one.id}"
-    rows = await db.fetch("SELECT id, status FROM turns")
+    assert done == {one.id, with_delta.id}
+    rows = await db.fetch("SELECT id, status, output FROM turns")
+    assert {r["id"]: r["output"] for r in rows}[one.id] == f"out {one.id}"
     assert {r["id"]: r["status"] for r in rows} == {
         one.id: "COMPLETED",
         stale.id: "RUNNING",
@@ -309,7 +311,7 @@ async def test_finish_batches_over_the_same_sessions_in_opposite_orders_both_com
 
         async def run(batch: list[leases.Finish]) -> set[uuid.UUID]:
             async with connect(engine) as conn:
-                return set(await leases.finish_many(conn, batch))
+                return await leases.finish_many(conn, batch)
 
         running = [asyncio.create_task(run(batch_a)), asyncio.create_task(run(batch_b))]
         await asyncio.sleep(0.3)
@@ -361,6 +363,6 @@ async def test_turns_ending_together_share_one_finish_and_each_learns_its_outcom
         finisher.finish(ending(stale, epoch=0)),
         finisher.finish(ending(other)),
     )
-    assert [o.id if o is not None else None for o in outcomes] == [one.id, None, other.id]
+    assert list(outcomes) == [True, False, True]
     # All three were handed over before the statement went out: one statement.
     assert finisher.statements == 1
