@@ -45,6 +45,7 @@ from graphql.execution.get_variable_signature import (
 from graphql.execution.values import VariableValues, VariableValueSource
 from graphql.pyutils import is_iterable
 from graphql.type import GraphQLDefaultInput, assert_leaf_type
+from graphql.utilities import coerce_input_value
 from graphql.utilities.coerce_input_value import coerce_default_value
 
 
@@ -71,9 +72,12 @@ def coercer(type_: GraphQLInputType) -> Coerce:
     dispatch decided once: which wrapper, which fields, which leaf. graphql-core
     asks it again at every level of every value (for a ``submitTurn`` input,
     eight calls and some forty type tests a request). The same tests on the
-    value, in the same order, with the same results, Undefined included; not
-    for a type that nests (:func:`_nests`), which :func:`prepare` leaves to
-    graphql-core."""
+    value, in the same order, with the same results, Undefined included. A
+    type that nests (:func:`_nests`, which :func:`prepare` leaves to
+    graphql-core's ``build``) has no end to unfold: graphql-core's own
+    function coerces it."""
+    if _nests(type_):
+        return lambda value: coerce_input_value(value, type_)
     if isinstance(type_, GraphQLNonNull):
         inner = coercer(type_.of_type)
 

@@ -17,6 +17,7 @@ from graphql import (
     GraphQLNonNull,
     GraphQLSchema,
     GraphQLString,
+    Undefined,
     is_input_type,
     parse,
 )
@@ -330,3 +331,18 @@ ONE_OF = GraphQLInputObjectType(
 def test_a_one_of_coercer_coerces_as_graphql_core_does(value: Any) -> None:
     # No input type of the schema is @oneOf yet; the coercer keeps its rule.
     assert typed(coercer(ONE_OF)(value)) == typed(coerce_input_value(value, ONE_OF))
+
+
+NESTS: GraphQLInputObjectType = GraphQLInputObjectType(
+    "Tree", lambda: {"leaf": GraphQLInputField(GraphQLInt), "kids": GraphQLInputField(TREES)}
+)
+TREES: GraphQLList[GraphQLNonNull[GraphQLInputObjectType]] = GraphQLList(GraphQLNonNull(NESTS))
+
+
+def test_a_type_that_holds_itself_is_coerced_by_graphql_core() -> None:
+    # Unfolded, it would have no end: graphql-core's own function takes it.
+    wrong = {"leaf": 1, "kids": [{"leaf": 2, "kids": []}, {"leaf": "x"}]}
+    assert coercer(NESTS)(wrong) is Undefined
+    assert coerce_input_value(wrong, NESTS) is Undefined
+    tree = {"leaf": 1, "kids": [{"leaf": 2, "kids": []}, {"leaf": 3}]}
+    assert coercer(TREES)(tree) == coerce_input_value(tree, TREES) == [tree]
